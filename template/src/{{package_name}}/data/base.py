@@ -1,0 +1,115 @@
+"""Splitting and loading shared by every dataset that fits in memory as a feature and a label array."""
+
+import math
+
+import numpy as np
+import torch
+from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveInt
+from lightning.pytorch import LightningDataModule
+from sklearn.model_selection import train_test_split
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class ArrayDataModule(LightningDataModule):
+    """Stratified train/val/test split of ``load_arrays()``, with an optional subset for smoke runs.
+
+    The split depends only on ``split_seed``, never on the training seed, so every run of a
+    project evaluates on the same samples. The constrained types (``PositiveInt`` and the like)
+    make the CLI refuse an impossible value at start-up, naming its key.
+
+    Args:
+        batch_size: samples per batch on each process.
+        val_fraction: share of the data held out for validation.
+        test_fraction: share of the data held out for testing.
+        split_seed: seed of the split.
+        subset: keep only this much of each split: a fraction in (0, 1) or a count of samples.
+        num_workers: DataLoader worker processes. In-memory arrays are served fastest by the main
+            process; raise it for datasets that decode or augment in ``__getitem__``.
+        pin_memory: page-locked host memory for faster copies to a GPU; by default on exactly
+            when training on a GPU.
+    """
+
+    def __init__(
+        self,
+        batch_size: PositiveInt = 64,
+        val_fraction: OpenUnitInterval = 0.15,
+        test_fraction: OpenUnitInterval = 0.15,
+        split_seed: int = 0,
+        subset: PositiveInt | OpenUnitInterval | None = None,
+        num_workers: NonNegativeInt = 0,
+        pin_memory: bool | None = None,
+    ) -> None:
+        super().__init__()
+        if val_fraction + test_fraction >= 1:
+            raise ValueError(
+                "data.val_fraction + data.test_fraction must be below 1, "
+                f"got {val_fraction} + {test_fraction}"
+            )
+        self.save_hyperparameters()
+        self.batch_size = batch_size
+        self.splits: dict[str, TensorDataset] = {}
+
+    def load_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Return all features (one row per sample) and integer class labels."""
+        raise NotImplementedError
+
+    def setup(self, stage: str) -> None:
+        if self.splits:
+            return
+        features, labels = self.load_arrays()
+        hparams = self.hparams
+        indices = np.arange(len(labels))
+        train, holdout = train_test_split(
+            indices,
+            test_size=hparams.val_fraction + hparams.test_fraction,
+            stratify=labels,
+            random_state=hparams.split_seed,
+        )
+        val, test = train_test_split(
+            holdout,
+            test_size=hparams.test_fraction / (hparams.val_fraction + hparams.test_fraction),
+            stratify=labels[holdout],
+            random_state=hparams.split_seed,
+        )
+        features, labels = torch.as_tensor(features), torch.as_tensor(labels)
+        for name, split in {"train": train, "val": val, "test": test}.items():
+            kept = split[: self._subset_size(len(split))]
+            self.splits[name] = TensorDataset(features[kept], labels[kept])
+        if self.batch_size > len(self.splits["train"]):
+            raise ValueError(
+                f"data.batch_size={self.batch_size} is larger than the {len(self.splits['train'])} "
+                "training samples; lower the batch size or enlarge data.subset"
+            )
+
+    def _subset_size(self, size: int) -> int:
+        subset = self.hparams.subset
+        if subset is None:
+            return size
+        if isinstance(subset, float):
+            return max(1, math.ceil(subset * size))
+        return min(subset, size)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
+        pin_memory = self.hparams.pin_memory
+        if pin_memory is None:
+            pin_memory = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        return DataLoader(
+            self.splits[split],
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            num_workers=self.hparams.num_workers,
+            pin_memory=pin_memory,
+            persistent_workers=self.hparams.num_workers > 0,
+        )

@@ -1,0 +1,57 @@
+"""Your own data from one file in ``data/``: an ``.npz`` archive or a CSV table.
+
+- ``.npz``: an array of features (one row per sample, any trailing shape) under
+  ``features_key`` and integer labels ``0..C-1`` under ``labels_key``.
+- ``.csv``: a header row, numeric columns, and the integer label in ``label_column``.
+
+Use it with ``--config configs/data/file.yaml --data.init_args.path data/my_data.npz``.
+"""
+
+import csv
+from pathlib import Path
+
+import numpy as np
+
+from .base import ArrayDataModule
+
+
+class FileDataModule(ArrayDataModule):
+    """Features and labels read from an .npz or CSV file, split like every ArrayDataModule."""
+
+    def __init__(
+        self,
+        path: str,
+        features_key: str = "features",
+        labels_key: str = "labels",
+        label_column: str = "label",
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.path = Path(path)
+        if self.path.suffix not in (".npz", ".csv"):
+            raise ValueError(f"data.path must end in .npz or .csv, got {path}")
+        if not self.path.is_file():
+            raise FileNotFoundError(f"data.path: no such file {path}; put your dataset in data/")
+        self.features_key, self.labels_key, self.label_column = features_key, labels_key, label_column
+
+    def load_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        features, labels = self._read_npz() if self.path.suffix == ".npz" else self._read_csv()
+        if len(features) != len(labels):
+            raise ValueError(f"{self.path}: {len(features)} feature rows but {len(labels)} labels")
+        return features.astype(np.float32), labels.astype(np.int64)
+
+    def _read_npz(self) -> tuple[np.ndarray, np.ndarray]:
+        with np.load(self.path) as archive:
+            missing = {self.features_key, self.labels_key} - set(archive.files)
+            if missing:
+                raise KeyError(f"{self.path} has no array {sorted(missing)}; it holds {archive.files}")
+            return archive[self.features_key], archive[self.labels_key]
+
+    def _read_csv(self) -> tuple[np.ndarray, np.ndarray]:
+        with self.path.open(newline="") as file:
+            header = next(csv.reader(file))
+        if self.label_column not in header:
+            raise KeyError(f"{self.path} has no column {self.label_column!r}; its columns are {header}")
+        table = np.loadtxt(self.path, delimiter=",", skiprows=1, ndmin=2)
+        label = header.index(self.label_column)
+        return np.delete(table, label, axis=1), table[:, label]

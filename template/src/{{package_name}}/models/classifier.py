@@ -1,0 +1,124 @@
+"""The LightningModule that trains a classification network: loss, metrics, optimizer and schedule.
+
+The network itself is any ``nn.Module`` chosen in config (``model.init_args.network``), so a new
+architecture is a new file in ``models/`` and a config change, not an edit here.
+"""
+
+import math
+
+from jsonargparse.typing import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import grad_norm
+from torch import Tensor, nn
+from torch.optim import AdamW
+from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
+
+class Classifier(LightningModule):
+    """Cross-entropy training with AdamW, linear warm-up then cosine decay, accuracy and macro-F1.
+
+    The constrained types (``PositiveFloat`` and the like) make the CLI refuse an impossible value
+    at start-up, naming its key.
+
+    Args:
+        network: the ``nn.Module`` mapping a batch of inputs to class logits.
+        num_classes: number of classes; also given to the network by the CLI.
+        lr: peak learning rate, reached after warm-up. With ``scale_lr`` it is the rate for
+            ``base_batch_size`` and grows linearly with the effective batch size.
+        weight_decay: AdamW's decoupled weight decay.
+        warmup_steps: optimizer steps of linear warm-up from ``lr / warmup_steps`` to ``lr``.
+        scale_lr: apply the linear scaling rule to ``lr``.
+        base_batch_size: the effective batch size at which ``lr`` applies unscaled.
+    """
+
+    def __init__(
+        self,
+        network: nn.Module,
+        num_classes: PositiveInt = 10,
+        lr: PositiveFloat = 3e-3,
+        weight_decay: NonNegativeFloat = 0.01,
+        warmup_steps: NonNegativeInt = 50,
+        scale_lr: bool = False,
+        base_batch_size: PositiveInt = 64,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.network = network
+        self.loss_fn = nn.CrossEntropyLoss()
+        metrics = MetricCollection(
+            {
+                "acc": MulticlassAccuracy(num_classes),
+                "f1": MulticlassF1Score(num_classes, average="macro"),
+            }
+        )
+        self.train_metrics = metrics.clone(prefix="train/")
+        self.val_metrics = metrics.clone(prefix="val/")
+        self.test_metrics = metrics.clone(prefix="test/")
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.network(x)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = self.loss_fn(logits, y)
+        self.train_metrics.update(logits, y)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val", self.val_metrics)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test", self.test_metrics)
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self(batch[0]).softmax(dim=-1)
+
+    def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str, metrics: MetricCollection) -> None:
+        x, y = batch
+        logits = self(x)
+        self.log(f"{stage}/loss", self.loss_fn(logits, y), prog_bar=True)
+        metrics.update(logits, y)
+
+    # Metrics are computed once per epoch from their accumulated state, then reset.
+    def on_train_epoch_end(self) -> None:
+        self._log_epoch_metrics(self.train_metrics)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch_metrics(self.val_metrics)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch_metrics(self.test_metrics)
+
+    def _log_epoch_metrics(self, metrics: MetricCollection) -> None:
+        self.log_dict(metrics.compute(), prog_bar=True)
+        metrics.reset()
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # The norm before clipping, computed only on the steps the logger writes.
+        if self.trainer.global_step % self.trainer.log_every_n_steps == 0:
+            self.log("train/grad_norm", grad_norm(self, norm_type=2)["grad_2.0_norm_total"])
+
+    @property
+    def effective_batch_size(self) -> int:
+        """Samples per optimizer step: batch size x gradient accumulation x number of processes."""
+        batch_size = self.trainer.datamodule.batch_size
+        return batch_size * self.trainer.accumulate_grad_batches * self.trainer.world_size
+
+    def configure_optimizers(self):
+        lr = self.hparams.lr
+        if self.hparams.scale_lr:
+            lr *= self.effective_batch_size / self.hparams.base_batch_size
+        optimizer = AdamW(self.parameters(), lr=lr, weight_decay=self.hparams.weight_decay)
+        total_steps = self.trainer.estimated_stepping_batches
+        if not math.isfinite(total_steps):
+            raise ValueError("The cosine schedule needs a finite run: set trainer.max_epochs or max_steps")
+        warmup_steps = min(self.hparams.warmup_steps, int(total_steps) - 1)
+        scheduler = CosineAnnealingLR(optimizer, T_max=max(1, int(total_steps) - max(warmup_steps, 0)))
+        if warmup_steps > 0:
+            warmup = LinearLR(optimizer, start_factor=1 / warmup_steps, total_iters=warmup_steps)
+            scheduler = SequentialLR(optimizer, [warmup, scheduler], milestones=[warmup_steps])
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

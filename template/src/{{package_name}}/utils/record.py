@@ -1,0 +1,91 @@
+"""The experiment record: one JSON line per run appended to ``experiments.jsonl``."""
+
+import json
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+
+def git_commit() -> str | None:
+    """The checked-out commit, with ``+dirty`` when tracked files have changes; None outside git."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
+
+
+def _saved_epoch(checkpoint: str) -> int:
+    """The epoch a checkpoint was saved in; memory-mapped, so its tensors are not read."""
+    return torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)["epoch"]
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else round(float(value), 6)
+
+
+class ExperimentRecord(Callback):
+    """Appends one line after each fit and each test, written by the global rank 0 process only.
+
+    A fit line holds the monitored metric's best value and epoch and the best and last
+    checkpoints; a test line holds the test metrics and the checkpoint they came from.
+    ``summary`` carries what the CLI knows of the run: name, model, dataset, seed and
+    key hyper-parameters.
+    """
+
+    def __init__(self, path: str | Path, summary: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.summary = summary
+        self._started = time.perf_counter()
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._started = time.perf_counter()
+
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._started = time.perf_counter()
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        checkpoint = trainer.checkpoint_callback
+        best = checkpoint.best_model_path or None
+        self._write(
+            trainer,
+            stage="fit",
+            epochs=trainer.current_epoch,
+            steps=trainer.global_step,
+            monitor=checkpoint.monitor,
+            best_value=_number(checkpoint.best_model_score),
+            best_epoch=_saved_epoch(best) if best else None,
+            best_checkpoint=best,
+            last_checkpoint=checkpoint.last_model_path or None,
+            test=None,
+        )
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        metrics = {name: _number(value) for name, value in trainer.callback_metrics.items()}
+        self._write(
+            trainer,
+            stage="test",
+            checkpoint=trainer.ckpt_path,
+            test={name: value for name, value in metrics.items() if name.startswith("test/")},
+        )
+
+    def _write(self, trainer: Trainer, **fields: Any) -> None:
+        if not trainer.is_global_zero:
+            return
+        line = {
+            "time": datetime.now().astimezone().isoformat(timespec="seconds"),
+            **self.summary,
+            **fields,
+            "wall_time_s": round(time.perf_counter() - self._started, 2),
+            "git_commit": git_commit(),
+        }
+        with self.path.open("a") as file:
+            file.write(json.dumps(line, default=str) + "\n")

@@ -1,0 +1,55 @@
+"""The whole flow on a tiny subset: fit, validate, checkpoint, resume, test, predict."""
+
+import csv
+import json
+from pathlib import Path
+
+import torch
+
+
+def test_fit_validate_resume_test_predict(run, tmp_path):
+    fit = run("fit", "--run_name=smoke")
+    run_dir = tmp_path / "checkpoints" / "smoke"
+    best = Path(fit.trainer.checkpoint_callback.best_model_path)
+    assert best.parent == run_dir and best.name.startswith("best-epoch=")
+    assert (run_dir / "last.ckpt").is_file()
+    assert "max_epochs: 2" in (run_dir / "config.yaml").read_text()
+
+    validate = run("validate", f"--ckpt_path={best}")
+    assert 0.0 <= validate.trainer.callback_metrics["val/acc"] <= 1.0
+
+    steps_per_epoch = fit.trainer.global_step // 2
+    last = run_dir / "last.ckpt"
+    resumed = run("fit", "--run_name=smoke-resumed", f"--ckpt_path={last}", "--trainer.max_epochs=3")
+    assert resumed.trainer.current_epoch == 3
+    assert resumed.trainer.global_step == 3 * steps_per_epoch
+
+    test = run("test", f"--ckpt_path={best}")
+    assert 0.0 <= test.trainer.callback_metrics["test/acc"] <= 1.0
+
+    run("predict", f"--ckpt_path={best}")
+    [predictions] = run_dir.glob("predict-*/predictions.csv")
+    rows = list(csv.DictReader(predictions.open()))
+    assert len(rows) == len(test.datamodule.splits["test"])
+    probabilities = torch.tensor([[float(row[f"prob_{c}"]) for c in range(10)] for row in rows])
+    torch.testing.assert_close(probabilities.sum(dim=1), torch.ones(len(rows)), atol=1e-4, rtol=0)
+
+
+def test_experiment_record(run, tmp_path):
+    fit = run("fit", "--run_name=recorded")
+    run("test", f"--ckpt_path={fit.trainer.checkpoint_callback.best_model_path}")
+    lines = (tmp_path / "experiments.jsonl").read_text().splitlines()
+    fit_line, test_line = (json.loads(line) for line in lines)
+
+    assert fit_line["stage"] == "fit" and fit_line["run_name"] == "recorded"
+    assert (fit_line["model"], fit_line["dataset"], fit_line["seed"]) == ("MLP", "DigitsDataModule", 42)
+    assert fit_line["hparams"]["batch_size"] == 16 and fit_line["hparams"]["max_epochs"] == 2
+    assert fit_line["monitor"] == "val/acc"
+    assert fit_line["best_value"] == round(float(fit.trainer.checkpoint_callback.best_model_score), 6)
+    assert fit_line["best_epoch"] in (0, 1)
+    assert f"best-epoch={fit_line['best_epoch']:03d}" in fit_line["best_checkpoint"]
+    assert Path(fit_line["last_checkpoint"]).is_file()
+    assert fit_line["wall_time_s"] > 0
+
+    assert test_line["stage"] == "test" and test_line["run_name"] == "recorded"
+    assert set(test_line["test"]) >= {"test/acc", "test/f1", "test/loss"}
