@@ -1,0 +1,41 @@
+# make demo: set up, generate a demo project and train it, printing the result.
+# make test: set up and run the template's test suite.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch, installed before everything else so that no CUDA build is pulled in.
+TORCH ?= torch==2.13.0
+
+.PHONY: setup test test-fast demo lint clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	touch $@
+
+test: setup
+	$(BIN)/python -m pytest tests
+
+test-fast: setup
+	$(BIN)/python -m pytest tests -m "not slow"
+
+demo: setup
+	rm -rf demo
+	$(BIN)/copier copy --quiet --defaults --data project_name="Digits Demo" . demo
+	$(BIN)/pip install --quiet --no-deps -e demo
+	cd demo && ../$(BIN)/python -m digits_demo fit --run_name demo --trainer.enable_progress_bar=false
+	cd demo && ../$(BIN)/python -m digits_demo test --ckpt_path "$$(ls checkpoints/demo/best-*.ckpt)" \
+		--trainer.enable_progress_bar=false
+	$(BIN)/python -c "import json; fit, test = [json.loads(l) for l in open('demo/experiments.jsonl')]; \
+		print(f\"\ndemo: best val/acc {fit['best_value']:.4f} at epoch {fit['best_epoch']}, \
+		test/acc {test['test']['test/acc']:.4f}, training {fit['wall_time_s']} s, checkpoint {fit['best_checkpoint']}\")"
+
+lint: setup
+	$(BIN)/ruff check tests
+	$(BIN)/ruff format --check tests
+
+clean:
+	rm -rf $(VENV) demo

@@ -1,0 +1,129 @@
+"""Every answer combination gives a complete, clean project whose own tests pass."""
+
+import re
+import subprocess
+import sys
+import tomllib
+from importlib import metadata
+
+import pytest
+import yaml
+from conftest import MATRIX, install, run_python
+from packaging.requirements import Requirement
+
+KEYS = list(MATRIX)
+JINJA = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}|\{\{|\{%")
+LOGGER_CLASSES = {"wandb": "WandbLogger", "tensorboard": "TensorBoardLogger", "csv": "CSVLogger"}
+LOGGER_PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard"}
+
+
+def _files(project):
+    return [path for path in project.rglob("*") if path.is_file() and ".git" not in path.parts]
+
+
+def _dependencies(project) -> list[Requirement]:
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    specs = pyproject["dependencies"] + pyproject["optional-dependencies"]["dev"]
+    return [Requirement(spec) for spec in specs]
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_no_jinja_is_left(generated, key):
+    project = generated(key)
+    leftovers = [
+        str(path.relative_to(project))
+        for path in _files(project)
+        if JINJA.search(str(path.relative_to(project))) or JINJA.search(path.read_text())
+    ]
+    assert leftovers == []
+    assert not list(project.rglob("*.jinja"))
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_ruff_is_clean(generated, key):
+    project = generated(key)
+    for command in (["check"], ["format", "--check"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "ruff", *command, "."], cwd=project, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_layout(generated, key):
+    project = generated(key)
+    package = project / "src" / MATRIX[key]["project_name"].lower().replace(" ", "_")
+    for path in [
+        "configs/default.yaml",
+        "data/README.md",
+        "checkpoints/.gitkeep",
+        "scripts/train.py",
+        "scripts/evaluate.py",
+        "scripts/predict.py",
+        "tests/test_smoke.py",
+        "README.md",
+        "pyproject.toml",
+        "environment.yml",
+        ".gitignore",
+        ".pre-commit-config.yaml",
+        ".copier-answers.yml",
+    ]:
+        assert (project / path).is_file(), path
+    for path in ["cli.py", "__main__.py", "models/classifier.py", "data/digits.py", "utils/record.py"]:
+        assert (package / path).is_file(), path
+    environment = yaml.safe_load((project / "environment.yml").read_text())
+    assert f"python={MATRIX[key]['python_version']}" in environment["dependencies"]
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_only_chosen_loggers_leave_files_and_dependencies(generated, key):
+    project, chosen = generated(key), MATRIX[key]["loggers"]
+    assert sorted(path.stem for path in (project / "configs" / "logger").glob("*.yaml")) == sorted(chosen)
+    logger = yaml.safe_load((project / "configs" / "default.yaml").read_text())["trainer"]["logger"]
+    configured = [entry["class_path"].rsplit(".", 1)[-1] for entry in logger] if logger else []
+    assert configured == [LOGGER_CLASSES[name] for name in chosen]
+    names = {requirement.name for requirement in _dependencies(project)}
+    for logger_name, package in LOGGER_PACKAGES.items():
+        assert (package in names) == (logger_name in chosen), package
+    readme = (project / "README.md").read_text()
+    assert ("wandb sync" in readme) == ("wandb" in chosen)
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_licence(generated, key):
+    project, licence = generated(key), MATRIX[key]["license"]
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    if licence == "none":
+        assert not (project / "LICENSE").exists() and "license" not in pyproject
+        return
+    text = (project / "LICENSE").read_text()
+    assert pyproject["license"] == licence
+    expected = {"MIT": "MIT License", "Apache-2.0": "Apache License", "BSD-3-Clause": "BSD 3-Clause License"}
+    assert expected[licence] in text
+    assert licence == "Apache-2.0" or "Ada Lovelace" in text
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_answers_file_records_the_answers_only(generated, key):
+    answers = yaml.safe_load((generated(key) / ".copier-answers.yml").read_text())
+    for question, value in MATRIX[key].items():
+        assert answers[question] == value
+    assert "reserved_package_names" not in answers
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_declared_dependencies_are_met_by_this_environment(generated, key):
+    # torch is installed first (the CPU build); the project's ranges must accept it as it is.
+    for requirement in _dependencies(generated(key)):
+        version = metadata.version(requirement.name)
+        assert requirement.specifier.contains(version, prereleases=True), f"{requirement} vs {version}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", KEYS)
+def test_generated_project_tests_pass(generated, key):
+    project = generated(key)
+    install(project)
+    result = run_python(project, "-m", "pytest", "-q", "-p", "no:cacheprovider")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+    assert re.search(r"\d+ passed", result.stdout)

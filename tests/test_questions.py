@@ -1,0 +1,52 @@
+"""Copier's questions: every one explained, invalid answers refused with a clear message."""
+
+import pytest
+import yaml
+from conftest import ROOT, copy_template
+
+QUESTIONS = yaml.safe_load((ROOT / "copier.yml").read_text())
+VALID = {"project_name": "Digits", "author_name": "Ada Lovelace", "author_email": "ada@example.com"}
+
+
+def test_every_asked_question_has_help():
+    asked = {name: spec for name, spec in QUESTIONS.items() if not name.startswith("_")}
+    assert {"project_name", "package_name", "description", "author_name", "author_email"} <= set(asked)
+    assert {"python_version", "license", "loggers"} <= set(asked)
+    for name, spec in asked.items():
+        assert spec.get("help") or spec.get("when") is False, name
+
+
+def test_nothing_needs_trust():
+    assert {"_tasks", "_jinja_extensions", "_migrations"}.isdisjoint(QUESTIONS)
+    assert QUESTIONS["_min_copier_version"] and QUESTIONS["_answers_file"] == ".copier-answers.yml"
+
+
+@pytest.mark.parametrize(
+    ("answers", "message"),
+    [
+        ({"package_name": "import"}, "is a Python keyword"),
+        ({"package_name": "json"}, "would shadow the module"),
+        ({"package_name": "torch"}, "would shadow the module"),
+        ({"package_name": "lightning"}, "would shadow the module"),
+        ({"package_name": "My-Package"}, "is not a valid package name"),
+        ({"package_name": "2fast"}, "is not a valid package name"),
+        ({"project_name": "   "}, "project name must not be empty"),
+        ({"author_email": "ada.example.com"}, "is not an e-mail address"),
+        ({"author_email": "ada@localhost"}, "is not an e-mail address"),
+        ({"author_name": ""}, "author name must not be empty"),
+        ({"description": "two\nlines"}, "must be a single line"),
+        ({"python_version": "2.7"}, "Invalid choice for 'python_version'"),
+        ({"license": "GPL-3.0"}, "Invalid choice for 'license'"),
+        ({"loggers": ["mlflow"]}, "Invalid choice for 'loggers'"),
+    ],
+)
+def test_invalid_answers_are_refused(tmp_path, answers, message):
+    destination = tmp_path / "project"
+    with pytest.raises(ValueError, match=message):
+        copy_template(destination, **{**VALID, **answers})
+    assert not destination.exists() or not any(destination.iterdir())
+
+
+def test_package_name_is_derived_from_the_project_name(tmp_path):
+    project = copy_template(tmp_path / "p", **{**VALID, "project_name": "3D Cell-Segmentation (v2)"})
+    assert (project / "src" / "d_cell_segmentation_v2").is_dir()
