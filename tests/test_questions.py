@@ -35,6 +35,7 @@ def test_nothing_needs_trust():
         ({"author_email": "ada@localhost"}, "is not an e-mail address"),
         ({"author_name": ""}, "author name must not be empty"),
         ({"description": "two\nlines"}, "must be a single line"),
+        ({"description": 'a "quoted" word'}, "must not contain backslashes or double quotes"),
         ({"python_version": "2.7"}, "Invalid choice for 'python_version'"),
         ({"license": "GPL-3.0"}, "Invalid choice for 'license'"),
         ({"loggers": ["mlflow"]}, "Invalid choice for 'loggers'"),

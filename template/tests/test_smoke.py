@@ -4,6 +4,7 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 
@@ -53,3 +54,12 @@ def test_experiment_record(run, tmp_path):
 
     assert test_line["stage"] == "test" and test_line["run_name"] == "recorded"
     assert set(test_line["test"]) >= {"test/acc", "test/f1", "test/loss"}
+
+
+def test_a_run_name_in_use_is_refused_and_its_files_kept(run, tmp_path):
+    run("fit", "--run_name=taken")
+    run_dir = tmp_path / "checkpoints" / "taken"
+    before = {path.name: path.stat().st_mtime_ns for path in run_dir.iterdir()}
+    with pytest.raises(ValueError, match="already holds a run"):
+        run("fit", "--run_name=taken")
+    assert {path.name: path.stat().st_mtime_ns for path in run_dir.iterdir()} == before

@@ -1,5 +1,6 @@
 """The training presets take effect: seeding, mixed precision, clipping and accumulation."""
 
+import pytest
 import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.plugins.precision import MixedPrecision
@@ -62,3 +63,16 @@ def test_gradient_accumulation_steps_every_k_batches(run):
     assert accumulated.trainer.global_step == batches // 2
     scheduler = accumulated.trainer.lr_scheduler_configs[0].scheduler
     assert scheduler.last_epoch == accumulated.trainer.global_step
+
+
+def test_linear_scaling_rule_follows_the_effective_batch_size(run):
+    # smoke config: batch 16, accumulation 2, one process -> effective batch 32 = half of 64.
+    cli = run(
+        "fit",
+        "--model.init_args.scale_lr=true",
+        "--model.init_args.base_batch_size=64",
+        "--model.init_args.lr=0.004",
+        "--trainer.accumulate_grad_batches=2",
+    )
+    assert cli.model.effective_batch_size == 32
+    assert cli.trainer.optimizers[0].param_groups[0]["initial_lr"] == pytest.approx(0.002)

@@ -5,6 +5,7 @@ the resolved config. Runs that evaluate a checkpoint (validate, test, predict) w
 ``<subcommand>-<time>/`` inside the directory of the run that made it.
 """
 
+import os
 import warnings
 from datetime import datetime
 from pathlib import Path
@@ -15,6 +16,7 @@ from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_only
 
 from .utils import ExperimentRecord, PredictionWriter, StageTimer
 
@@ -22,6 +24,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
 RUNS_DIR = Path("checkpoints")
 RECORD_FILE = Path("experiments.jsonl")
+RUN_NAME_VARIABLE = f"{__package__.upper()}_RUN_NAME"
 
 # The run's config.yaml is saved into its directory before the first checkpoint, which is expected.
 warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
@@ -76,8 +79,18 @@ class CLI(LightningCLI):
     def _resolve_run_dir(self, config: Namespace) -> Path:
         """Set ``run_name`` where it is missing and return the directory this run writes into."""
         if self.subcommand in ("fit", None):
-            config.run_name = config.run_name or _timestamp()
-            return RUNS_DIR / config.run_name
+            launched = rank_zero_only.rank > 0
+            if config.run_name is None:
+                # DDP processes started by Lightning re-run this command: they take rank 0's name.
+                config.run_name = (launched and os.environ.get(RUN_NAME_VARIABLE)) or _timestamp()
+            os.environ[RUN_NAME_VARIABLE] = config.run_name
+            run_dir = RUNS_DIR / config.run_name
+            if self.subcommand and not launched and run_dir.exists() and any(run_dir.iterdir()):
+                raise ValueError(
+                    f"{run_dir} already holds a run: choose another --run_name, or leave it out "
+                    "to name the run by its start time"
+                )
+            return run_dir
         checkpoint = Path(config.ckpt_path).resolve() if config.ckpt_path else None
         if config.run_name is None and checkpoint and checkpoint.parent.parent == RUNS_DIR.resolve():
             config.run_name = checkpoint.parent.name

@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import grad_norm
 from torch import Tensor, nn
 from torch.optim import AdamW
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
-from torchmetrics import MetricCollection
+from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 
@@ -53,6 +53,7 @@ class Classifier(LightningModule):
                 "f1": MulticlassF1Score(num_classes, average="macro"),
             }
         )
+        self.train_loss = MeanMetric()
         self.train_metrics = metrics.clone(prefix="train/")
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
@@ -65,7 +66,8 @@ class Classifier(LightningModule):
         logits = self(x)
         loss = self.loss_fn(logits, y)
         self.train_metrics.update(logits, y)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.train_loss.update(loss.detach())
+        self.log("train/loss", loss, prog_bar=True)
         return loss
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
@@ -80,11 +82,14 @@ class Classifier(LightningModule):
     def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str, metrics: MetricCollection) -> None:
         x, y = batch
         logits = self(x)
-        self.log(f"{stage}/loss", self.loss_fn(logits, y), prog_bar=True)
+        self.log(f"{stage}/loss", self.loss_fn(logits, y), prog_bar=True, sync_dist=True)
         metrics.update(logits, y)
 
-    # Metrics are computed once per epoch from their accumulated state, then reset.
+    # Metrics are computed once per epoch from their state accumulated over all processes, then
+    # reset; the epoch's mean loss too, so no step pays for a synchronisation between processes.
     def on_train_epoch_end(self) -> None:
+        self.log("train/loss_epoch", self.train_loss.compute(), sync_dist=True)
+        self.train_loss.reset()
         self._log_epoch_metrics(self.train_metrics)
 
     def on_validation_epoch_end(self) -> None:
@@ -94,7 +99,7 @@ class Classifier(LightningModule):
         self._log_epoch_metrics(self.test_metrics)
 
     def _log_epoch_metrics(self, metrics: MetricCollection) -> None:
-        self.log_dict(metrics.compute(), prog_bar=True)
+        self.log_dict(metrics.compute(), prog_bar=True, sync_dist=True)
         metrics.reset()
 
     def on_before_optimizer_step(self, optimizer) -> None:

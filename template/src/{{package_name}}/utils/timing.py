@@ -16,7 +16,8 @@ class StageTimer(Callback):
 
     def _stop(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage in self._started and not trainer.sanity_checking:
-            pl_module.log(f"time/{stage}_epoch_s", time.perf_counter() - self._started.pop(stage))
+            elapsed = time.perf_counter() - self._started.pop(stage)
+            pl_module.log(f"time/{stage}_epoch_s", elapsed, sync_dist=True)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._start("train")
