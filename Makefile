@@ -24,7 +24,7 @@ test-fast: setup
 
 demo: setup
 	rm -rf demo
-	$(BIN)/copier copy --quiet --defaults --data project_name="Digits Demo" . demo
+	$(BIN)/copier copy --quiet --defaults --vcs-ref=HEAD --data project_name="Digits Demo" . demo
 	$(BIN)/pip install --quiet --no-deps -e demo
 	cd demo && ../$(BIN)/python -m digits_demo fit --run_name demo --trainer.enable_progress_bar=false
 	cd demo && ../$(BIN)/python -m digits_demo test --ckpt_path "$$(ls checkpoints/demo/best-*.ckpt)" \

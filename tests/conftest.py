@@ -42,8 +42,10 @@ MATRIX = {
 
 
 def copy_template(destination: Path, **answers) -> Path:
-    """Copy the template as `copier copy --defaults --data ...` would, without --trust."""
-    copier.run_copy(str(ROOT), str(destination), data=answers, defaults=True, quiet=True, unsafe=False)
+    """Copy this working tree of the template as `copier copy --defaults --vcs-ref=HEAD` would."""
+    copier.run_copy(
+        str(ROOT), str(destination), data=answers, defaults=True, quiet=True, unsafe=False, vcs_ref="HEAD"
+    )
     return destination
 
 

@@ -12,7 +12,17 @@ from conftest import ROOT, install, run_python
 def default_project(tmp_path_factory):
     destination = tmp_path_factory.mktemp("defaults") / "my-project"
     subprocess.run(
-        [sys.executable, "-m", "copier", "copy", "--quiet", "--defaults", str(ROOT), str(destination)],
+        [
+            sys.executable,
+            "-m",
+            "copier",
+            "copy",
+            "--quiet",
+            "--defaults",
+            "--vcs-ref=HEAD",
+            ROOT,
+            destination,
+        ],
         check=True,
     )
     install(destination)

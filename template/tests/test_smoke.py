@@ -13,7 +13,6 @@ def test_fit_validate_resume_test_predict(run, tmp_path):
     run_dir = tmp_path / "checkpoints" / "smoke"
     best = Path(fit.trainer.checkpoint_callback.best_model_path)
     assert best.parent == run_dir and best.name.startswith("best-epoch=")
-    assert (run_dir / "last.ckpt").is_file()
     assert "max_epochs: 2" in (run_dir / "config.yaml").read_text()
 
     validate = run("validate", f"--ckpt_path={best}")
@@ -56,10 +55,33 @@ def test_experiment_record(run, tmp_path):
     assert set(test_line["test"]) >= {"test/acc", "test/f1", "test/loss"}
 
 
-def test_a_run_name_in_use_is_refused_and_its_files_kept(run, tmp_path):
+def test_a_run_name_in_use_is_refused_and_its_files_kept(run, capsys, tmp_path):
     run("fit", "--run_name=taken")
     run_dir = tmp_path / "checkpoints" / "taken"
     before = {path.name: path.stat().st_mtime_ns for path in run_dir.iterdir()}
-    with pytest.raises(ValueError, match="already holds a run"):
+    with pytest.raises(SystemExit):
         run("fit", "--run_name=taken")
+    assert "checkpoints/taken already holds a run" in capsys.readouterr().err
     assert {path.name: path.stat().st_mtime_ns for path in run_dir.iterdir()} == before
+
+
+def test_last_checkpoint_is_the_end_of_the_latest_epoch(run, tmp_path):
+    # Monitoring for the lowest accuracy makes an early epoch the best, so last.ckpt must not follow it.
+    fit = run("fit", "--run_name=latest", "--checkpoint.mode=min", "--trainer.max_epochs=3")
+    last = torch.load(
+        tmp_path / "checkpoints" / "latest" / "last.ckpt", map_location="cpu", weights_only=True
+    )
+    assert (last["epoch"], last["global_step"]) == (2, fit.trainer.global_step)
+    best = torch.load(fit.trainer.checkpoint_callback.best_model_path, map_location="cpu", weights_only=True)
+    assert best["global_step"] < last["global_step"]
+
+
+@pytest.mark.parametrize("subcommand", ["validate", "test", "predict"])
+def test_evaluation_needs_an_existing_checkpoint(run, capsys, tmp_path, subcommand):
+    with pytest.raises(SystemExit):
+        run(subcommand)
+    assert "needs --ckpt_path" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run(subcommand, "--ckpt_path=checkpoints/absent/last.ckpt")
+    assert "no such checkpoint checkpoints/absent/last.ckpt" in capsys.readouterr().err
+    assert not (tmp_path / "checkpoints").exists()

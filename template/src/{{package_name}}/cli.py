@@ -1,8 +1,9 @@
 """The command line: ``python -m <package> {fit,validate,test,predict}``, built on LightningCLI.
 
 Every run writes into one directory, ``checkpoints/<run_name>/``: checkpoints, logger files and
-the resolved config. Runs that evaluate a checkpoint (validate, test, predict) write into
-``<subcommand>-<time>/`` inside the directory of the run that made it.
+the resolved config. Runs that evaluate a checkpoint (validate, test, predict) rebuild its model
+and data settings from the checkpoint, and write into ``<subcommand>-<time>/`` inside the
+directory of the run that made it.
 """
 
 import os
@@ -18,16 +19,18 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, Ri
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
-from .utils import ExperimentRecord, PredictionWriter, StageTimer
+from .utils import ExperimentRecord, LastCheckpoint, PredictionWriter, StageTimer
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
 RUNS_DIR = Path("checkpoints")
 RECORD_FILE = Path("experiments.jsonl")
-RUN_NAME_VARIABLE = f"{__package__.upper()}_RUN_NAME"
+# Processes that Lightning starts for DDP re-run the command line; they read rank 0's start time here.
+START_TIME_VARIABLE = f"{__package__.upper()}_START_TIME"
 
-# The run's config.yaml is saved into its directory before the first checkpoint, which is expected.
+# The run's config.yaml is saved into its directory before any checkpoint or log, which is expected.
 warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
 
 
 def default_precision() -> str:
@@ -37,14 +40,17 @@ def default_precision() -> str:
     return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
 
 
-def _timestamp() -> str:
-    return datetime.now().strftime("%Y%m%d-%H%M%S")
+def _start_time() -> str:
+    if rank_zero_only.rank > 0 and START_TIME_VARIABLE in os.environ:
+        return os.environ[START_TIME_VARIABLE]
+    os.environ[START_TIME_VARIABLE] = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return os.environ[START_TIME_VARIABLE]
 
 
 def _loggers(logger: Any) -> list[Namespace]:
-    if isinstance(logger, Namespace):
-        return [logger]
-    return [entry for entry in logger or [] if isinstance(entry, Namespace)]
+    """The logger entries of a parsed config: one, a list, or none (``false``; ``true`` is Lightning's)."""
+    entries = logger if isinstance(logger, list) else [logger]
+    return [entry for entry in entries if isinstance(entry, Namespace)]
 
 
 class CLI(LightningCLI):
@@ -65,7 +71,9 @@ class CLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self._config()
-        run_dir = self._resolve_run_dir(config)
+        if self.subcommand in ("validate", "test", "predict"):
+            self._use_checkpoint(config)
+        run_dir = self._run_dir(config)
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = str(RUNS_DIR / config.run_name) if config.run_name else str(run_dir)
         for logger in _loggers(config.trainer.logger):
@@ -76,43 +84,64 @@ class CLI(LightningCLI):
             config.trainer.precision = default_precision()
         self.save_config_kwargs = {"config_filename": "config.yaml", "overwrite": self.subcommand != "fit"}
 
-    def _resolve_run_dir(self, config: Namespace) -> Path:
-        """Set ``run_name`` where it is missing and return the directory this run writes into."""
-        if self.subcommand in ("fit", None):
-            launched = rank_zero_only.rank > 0
-            if config.run_name is None:
-                # DDP processes started by Lightning re-run this command: they take rank 0's name.
-                config.run_name = (launched and os.environ.get(RUN_NAME_VARIABLE)) or _timestamp()
-            os.environ[RUN_NAME_VARIABLE] = config.run_name
-            run_dir = RUNS_DIR / config.run_name
-            if self.subcommand and not launched and run_dir.exists() and any(run_dir.iterdir()):
-                raise ValueError(
-                    f"{run_dir} already holds a run: choose another --run_name, or leave it out "
-                    "to name the run by its start time"
-                )
-            return run_dir
-        checkpoint = Path(config.ckpt_path).resolve() if config.ckpt_path else None
-        if config.run_name is None and checkpoint and checkpoint.parent.parent == RUNS_DIR.resolve():
-            config.run_name = checkpoint.parent.name
-        parent = RUNS_DIR / config.run_name if config.run_name else RUNS_DIR
-        return parent / f"{self.subcommand}-{_timestamp()}"
+    def _use_checkpoint(self, config: Namespace) -> None:
+        """Check the checkpoint to evaluate, and evaluate on the data settings it was trained with.
+
+        LightningCLI already rebuilds the model from the checkpoint's hyper-parameters.
+        """
+        if not config.ckpt_path:
+            self.parser.error(f"{self.subcommand} needs --ckpt_path, the checkpoint of a trained run")
+        checkpoint = Path(config.ckpt_path)
+        if not checkpoint.is_file():
+            self.parser.error(f"--ckpt_path: no such checkpoint {checkpoint}")
+        saved = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+        data = dict(saved.get("datamodule_hyper_parameters") or {})
+        if "_class_path" in data:
+            data.pop("_instantiator", None)
+            config.data = Namespace(class_path=data.pop("_class_path"), init_args=Namespace(**data))
+        if config.run_name is None and checkpoint.resolve().parent.parent == RUNS_DIR.resolve():
+            config.run_name = checkpoint.resolve().parent.name
+
+    def _run_dir(self, config: Namespace) -> Path:
+        """The directory this run writes into; a fit must not reuse one that holds files."""
+        if self.subcommand not in ("fit", None):
+            parent = RUNS_DIR / config.run_name if config.run_name else RUNS_DIR
+            return parent / f"{self.subcommand}-{_start_time()}"
+        config.run_name = config.run_name or _start_time()
+        run_dir = RUNS_DIR / config.run_name
+        if self.subcommand and rank_zero_only.rank == 0 and run_dir.is_dir() and any(run_dir.iterdir()):
+            self.parser.error(
+                f"{run_dir} already holds a run: choose another --run_name, leave it out to name the "
+                "run by its start time, or delete that directory"
+            )
+        if config.get("ckpt_path") and not Path(config.ckpt_path).is_file():
+            self.parser.error(f"--ckpt_path: no such checkpoint {config.ckpt_path}")
+        return run_dir
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        config = self._config()
-        callbacks = [StageTimer(), ExperimentRecord(RECORD_FILE, self._summary(config)), PredictionWriter()]
-        if config.trainer.enable_progress_bar is not False:
+        config, trainer = self._config(), self._config_init()["trainer"]
+        configured = trainer.get("callbacks") or []
+        callbacks = [
+            *(configured if isinstance(configured, list) else [configured]),
+            LastCheckpoint(config.checkpoint.dirpath),
+            StageTimer(),
+            ExperimentRecord(RECORD_FILE, self._summary(config)),
+            PredictionWriter(),
+        ]
+        if trainer.get("enable_progress_bar") is not False:
             callbacks.append(RichProgressBar())
-        if _loggers(config.trainer.logger):
+        if trainer.get("logger"):
             callbacks.append(LearningRateMonitor(logging_interval="step"))
-        trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
-        extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
-        return self._instantiate_trainer(trainer_config, extra + callbacks)
+        return super().instantiate_trainer(**{"callbacks": callbacks, **kwargs})
+
+    def _config_init(self) -> Namespace:
+        return self.config_init[self.subcommand] if self.subcommand else self.config_init
 
     def _summary(self, config: Namespace) -> dict[str, Any]:
         """What the experiment record says about the run besides its results."""
         model, data = config.model.init_args.as_dict(), config.data.init_args.as_dict()
-        trainer = config.trainer
         network = model.pop("network", None)
+        trainer = config.trainer
         return {
             "run_name": config.run_name,
             "model": (network or config.model)["class_path"].rsplit(".", 1)[-1],
@@ -138,10 +167,9 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
     Returns the CLI so that tests and notebooks can reach ``cli.trainer`` and ``cli.model``.
     """
     defaults = {"default_config_files": [str(DEFAULT_CONFIG)]} if DEFAULT_CONFIG.is_file() else {}
-    subcommand_kwargs = {name: defaults for name in ("fit", "validate", "test", "predict")}
-    return CLI(
-        args=args,
-        run=run,
-        parser_kwargs=subcommand_kwargs if run else defaults,
-        save_config_kwargs={"overwrite": False},
-    )
+    parser_kwargs = {"prog": f"python -m {__package__}"}
+    if run:
+        parser_kwargs |= {name: defaults for name in ("fit", "validate", "test", "predict")}
+    else:
+        parser_kwargs |= defaults
+    return CLI(args=args, run=run, parser_kwargs=parser_kwargs, save_config_kwargs={"overwrite": False})

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import torch
-from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveInt
+from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveFloat, PositiveInt
 from lightning.pytorch import LightningDataModule
 from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, TensorDataset
@@ -22,7 +22,8 @@ class ArrayDataModule(LightningDataModule):
         val_fraction: share of the data held out for validation.
         test_fraction: share of the data held out for testing.
         split_seed: seed of the split.
-        subset: keep only this much of each split: a fraction in (0, 1) or a count of samples.
+        subset: keep only part of each split: below 1 a fraction (0.1 keeps a tenth), from 1 on a
+            number of samples (64 keeps 64).
         num_workers: DataLoader worker processes. In-memory arrays are served fastest by the main
             process; raise it for datasets that decode or augment in ``__getitem__``.
         pin_memory: page-locked host memory for faster copies to a GPU; by default on exactly
@@ -35,11 +36,15 @@ class ArrayDataModule(LightningDataModule):
         val_fraction: OpenUnitInterval = 0.15,
         test_fraction: OpenUnitInterval = 0.15,
         split_seed: int = 0,
-        subset: PositiveInt | OpenUnitInterval | None = None,
+        subset: PositiveFloat | None = None,
         num_workers: NonNegativeInt = 0,
         pin_memory: bool | None = None,
     ) -> None:
         super().__init__()
+        if subset is not None and subset > 1 and not float(subset).is_integer():
+            raise ValueError(
+                f"data.subset must be a fraction below 1 or a whole number of samples, got {subset}"
+            )
         if val_fraction + test_fraction >= 1:
             raise ValueError(
                 "data.val_fraction + data.test_fraction must be below 1, "
@@ -48,6 +53,7 @@ class ArrayDataModule(LightningDataModule):
         self.save_hyperparameters()
         self.batch_size = batch_size
         self.splits: dict[str, TensorDataset] = {}
+        self.num_classes: int | None = None
 
     def load_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Return all features (one row per sample) and integer class labels."""
@@ -57,6 +63,7 @@ class ArrayDataModule(LightningDataModule):
         if self.splits:
             return
         features, labels = self.load_arrays()
+        self.num_classes = int(labels.max()) + 1
         hparams = self.hparams
         indices = np.arange(len(labels))
         train, holdout = train_test_split(
@@ -85,9 +92,9 @@ class ArrayDataModule(LightningDataModule):
         subset = self.hparams.subset
         if subset is None:
             return size
-        if isinstance(subset, float):
+        if subset < 1:
             return max(1, math.ceil(subset * size))
-        return min(subset, size)
+        return min(int(subset), size)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

@@ -5,13 +5,14 @@ architecture is a new file in ``models/`` and a config change, not an edit here.
 """
 
 import math
+from functools import partial
 
 from jsonargparse.typing import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import grad_norm
 from torch import Tensor, nn
 from torch.optim import AdamW
-from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
+from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
@@ -28,7 +29,7 @@ class Classifier(LightningModule):
         lr: peak learning rate, reached after warm-up. With ``scale_lr`` it is the rate for
             ``base_batch_size`` and grows linearly with the effective batch size.
         weight_decay: AdamW's decoupled weight decay.
-        warmup_steps: optimizer steps of linear warm-up from ``lr / warmup_steps`` to ``lr``.
+        warmup_steps: optimizer steps of linear warm-up to ``lr``, followed by cosine decay to 0.
         scale_lr: apply the linear scaling rule to ``lr``.
         base_batch_size: the effective batch size at which ``lr`` applies unscaled.
     """
@@ -49,7 +50,7 @@ class Classifier(LightningModule):
         self.loss_fn = nn.CrossEntropyLoss()
         metrics = MetricCollection(
             {
-                "acc": MulticlassAccuracy(num_classes),
+                "acc": MulticlassAccuracy(num_classes, average="micro"),
                 "f1": MulticlassF1Score(num_classes, average="macro"),
             }
         )
@@ -60,6 +61,14 @@ class Classifier(LightningModule):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
+
+    def setup(self, stage: str) -> None:
+        classes = getattr(self.trainer.datamodule, "num_classes", None)
+        if classes is not None and classes != self.hparams.num_classes:
+            raise ValueError(
+                f"The data has {classes} classes but model.init_args.num_classes is "
+                f"{self.hparams.num_classes}; set --model.init_args.num_classes={classes}"
+            )
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
@@ -107,6 +116,16 @@ class Classifier(LightningModule):
         if self.trainer.global_step % self.trainer.log_every_n_steps == 0:
             self.log("train/grad_norm", grad_norm(self, norm_type=2)["grad_2.0_norm_total"])
 
+    def on_train_start(self) -> None:
+        # A resumed run restores the rate its checkpoint ended on; take the current step's rate
+        # from this run's schedule instead, which differs when max_epochs has changed.
+        for config in self.trainer.lr_scheduler_configs:
+            scheduler = config.scheduler
+            for group, base_lr, factor in zip(
+                scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
+            ):
+                group["lr"] = base_lr * factor(scheduler.last_epoch)
+
     @property
     def effective_batch_size(self) -> int:
         """Samples per optimizer step: batch size x gradient accumulation x number of processes."""
@@ -121,9 +140,20 @@ class Classifier(LightningModule):
         total_steps = self.trainer.estimated_stepping_batches
         if not math.isfinite(total_steps):
             raise ValueError("The cosine schedule needs a finite run: set trainer.max_epochs or max_steps")
-        warmup_steps = min(self.hparams.warmup_steps, int(total_steps) - 1)
-        scheduler = CosineAnnealingLR(optimizer, T_max=max(1, int(total_steps) - max(warmup_steps, 0)))
-        if warmup_steps > 0:
-            warmup = LinearLR(optimizer, start_factor=1 / warmup_steps, total_iters=warmup_steps)
-            scheduler = SequentialLR(optimizer, [warmup, scheduler], milestones=[warmup_steps])
+        schedule = partial(
+            warmup_cosine, warmup_steps=self.hparams.warmup_steps, total_steps=int(total_steps)
+        )
+        scheduler = LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
+    """The learning-rate factor at ``step``: linear warm-up to 1, then cosine decay to 0.
+
+    A closed form of the step, unlike chained schedulers, so a run resumed with a longer
+    ``max_epochs`` follows the schedule of its new length instead of restarting a cosine cycle.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -1,7 +1,8 @@
-"""Callbacks shared by every run: timing, the experiment record and the prediction writer."""
+"""Callbacks shared by every run: last checkpoint, timing, experiment record, prediction writer."""
 
+from .checkpointing import LastCheckpoint
 from .predictions import PredictionWriter
 from .record import ExperimentRecord
 from .timing import StageTimer
 
-__all__ = ["ExperimentRecord", "PredictionWriter", "StageTimer"]
+__all__ = ["ExperimentRecord", "LastCheckpoint", "PredictionWriter", "StageTimer"]

@@ -10,13 +10,18 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from .checkpointing import LastCheckpoint
+
 
 def git_commit() -> str | None:
-    """The checked-out commit, with ``+dirty`` when tracked files have changes; None outside git."""
+    """The checked-out commit, ``+dirty`` when tracked files have changed; None outside git."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        # The record itself changes with every run, so it does not make the tree dirty.
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!experiments.jsonl"],
+            capture_output=True,
+            text=True,
         )
     except (OSError, subprocess.CalledProcessError):
         return None
@@ -55,6 +60,7 @@ class ExperimentRecord(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         checkpoint = trainer.checkpoint_callback
         best = checkpoint.best_model_path or None
+        last = next((c.path for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)
         self._write(
             trainer,
             stage="fit",
@@ -64,7 +70,7 @@ class ExperimentRecord(Callback):
             best_value=_number(checkpoint.best_model_score),
             best_epoch=_saved_epoch(best) if best else None,
             best_checkpoint=best,
-            last_checkpoint=checkpoint.last_model_path or None,
+            last_checkpoint=str(last.resolve()) if last and last.is_file() else None,
             test=None,
         )
 
@@ -73,7 +79,7 @@ class ExperimentRecord(Callback):
         self._write(
             trainer,
             stage="test",
-            checkpoint=trainer.ckpt_path,
+            checkpoint=str(Path(trainer.ckpt_path).resolve()),
             test={name: value for name, value in metrics.items() if name.startswith("test/")},
         )
 
