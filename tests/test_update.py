@@ -1,0 +1,323 @@
+"""`copier update` from every earlier release to this version, on a project with real user edits.
+
+The template's history is rebuilt in a temporary repository: each release listed in CHANGELOG.md
+as the tree of its commit, tagged, then the working tree on top. A project is copied at each
+earlier release, edited as a user would, committed, and updated to the working tree.
+"""
+
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import copier
+import pytest
+import yaml
+from conftest import ROOT, install, run_python
+from copier.errors import UnsafeTemplateError
+
+# Identity for the commits these tests make in generated projects (and Copier's own).
+for _variable, _value in {"GIT_AUTHOR_NAME": "CI", "GIT_COMMITTER_NAME": "CI"}.items():
+    os.environ.setdefault(_variable, _value)
+for _variable in ("GIT_AUTHOR_EMAIL", "GIT_COMMITTER_EMAIL"):
+    os.environ.setdefault(_variable, "ci@example.com")
+
+ANSWERS = {
+    "project_name": "Upgraded",
+    "author_name": "Ada Lovelace",
+    "author_email": "ada@example.com",
+    "loggers": ["csv"],
+}
+RELEASE = re.compile(r"^## (v\d+\.\d+\.\d+) \((?:commit ([0-9a-f]{7,40})|unreleased)\)", re.MULTILINE)
+CONFLICT = re.compile(r"^(<{7}|>{7}|={7})( |$)", re.MULTILINE)
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def releases() -> list[tuple[str, str]]:
+    """(tag, commit) of every release in CHANGELOG.md, oldest first; the commit is "" if unreleased."""
+    return sorted(RELEASE.findall((ROOT / "CHANGELOG.md").read_text()), key=lambda r: _version(r[0]))
+
+
+def _version(tag: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in tag[1:].split("."))
+
+
+def _replace_tree(repo: Path, files: dict[str, bytes]) -> None:
+    for path in repo.iterdir():
+        if path.name != ".git":
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    for name, content in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_bytes(content)
+
+
+def _tree_at(commit: str) -> dict[str, bytes]:
+    archive = subprocess.run(["git", "archive", commit], cwd=ROOT, check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        return {member.name: tar.extractfile(member).read() for member in tar.getmembers() if member.isfile()}
+
+
+def _working_tree() -> dict[str, bytes]:
+    names = git(ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+    return {name: (ROOT / name).read_bytes() for name in names if name and (ROOT / name).is_file()}
+
+
+RELEASED = [(tag, commit) for tag, commit in releases() if commit]
+UNRELEASED = [tag for tag, commit in releases() if not commit]
+
+
+@pytest.fixture(scope="module")
+def template_repo(tmp_path_factory) -> Path:
+    repo = tmp_path_factory.mktemp("history") / "template"
+    repo.mkdir()
+    git(repo, "init", "--quiet", "--initial-branch=main")
+    git(repo, "config", "user.email", "ci@example.com")
+    git(repo, "config", "user.name", "CI")
+    for tag, commit in RELEASED:
+        _replace_tree(repo, _tree_at(commit))
+        git(repo, "add", "--all")
+        git(repo, "commit", "--quiet", "--allow-empty", "-m", tag)
+        git(repo, "tag", tag)
+    # The working tree is the next release while CHANGELOG.md calls it unreleased.
+    _replace_tree(repo, _working_tree())
+    git(repo, "add", "--all")
+    git(repo, "commit", "--quiet", "--allow-empty", "-m", "this version")
+    if UNRELEASED:
+        git(repo, "tag", UNRELEASED[0])
+    return repo
+
+
+PACKAGE = "upgraded"
+USER_OWNED = [
+    "README.md",
+    f"src/{PACKAGE}/models/mlp.py",
+    f"src/{PACKAGE}/data/digits.py",
+    f"src/{PACKAGE}/data/file.py",
+    "configs/experiment/*.yaml",
+    "configs/model/*.yaml",
+    "configs/data/digits.yaml",
+]
+CNN = '''"""A small convolutional network for the 8x8 digit images."""
+
+from torch import Tensor, nn
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, num_classes: int = 10, channels: int = 16) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Unflatten(1, (1, 8, 8)),
+            nn.Conv2d(1, channels, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(channels * 16, num_classes),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.layers(x)
+'''
+CNN_EXPERIMENT = f"""# Our CNN instead of the MLP.
+model:
+  init_args:
+    network:
+      class_path: {PACKAGE}.models.cnn.SmallCNN
+      init_args:
+        channels: 8
+"""
+NOTES = "\nOur lab trains on the digits first, then on the slide scans.\n"
+
+
+def copy_at(repo: Path, ref: str, destination: Path, **answers) -> Path:
+    copier.run_copy(
+        str(repo), str(destination), data={**ANSWERS, **answers}, defaults=True, quiet=True, vcs_ref=ref
+    )
+    git(destination, "init", "--quiet", "--initial-branch=main")
+    commit_all(destination, "copied from the template")
+    return destination
+
+
+def commit_all(project: Path, message: str) -> None:
+    git(project, "add", "--all")
+    git(project, "commit", "--quiet", "--allow-empty", "-m", message)
+
+
+def update(project: Path, **options) -> None:
+    copier.run_update(
+        str(project), defaults=True, overwrite=True, quiet=True, conflict="inline", vcs_ref="HEAD", **options
+    )
+
+
+def edit_like_a_user(project: Path) -> dict[str, str]:
+    """Make the edits a user makes in the first weeks; return what each edited file must contain."""
+    package = project / "src" / PACKAGE
+    (package / "models" / "cnn.py").write_text(CNN)
+    (project / "configs" / "experiment" / "cnn.yaml").write_text(CNN_EXPERIMENT)
+    mlp = package / "models" / "mlp.py"
+    mlp.write_text(mlp.read_text().replace("dropout: float = 0.1", "dropout: float = 0.25"))
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(
+        pyproject.read_text().replace('    "rich>=13",\n', '    "rich>=13",\n    "pyyaml>=6",\n')
+    )
+    readme = project / "README.md"
+    readme.write_text(readme.read_text() + NOTES)
+    commit_all(project, "our model, experiment, dependency and notes")
+    return {
+        f"src/{PACKAGE}/models/cnn.py": CNN,
+        "configs/experiment/cnn.yaml": CNN_EXPERIMENT,
+        f"src/{PACKAGE}/models/mlp.py": "dropout: float = 0.25",
+        "pyproject.toml": '"pyyaml>=6",',
+        "README.md": NOTES,
+    }
+
+
+def files(project: Path) -> dict[str, bytes]:
+    return {
+        str(path.relative_to(project)): path.read_bytes()
+        for path in project.rglob("*")
+        if path.is_file() and ".git" not in path.relative_to(project).parts
+    }
+
+
+def user_owned(name: str) -> bool:
+    return any(Path(name).match(pattern) for pattern in USER_OWNED)
+
+
+def assert_clean_merge(project: Path) -> None:
+    for name, content in files(project).items():
+        assert not name.endswith(".rej"), name
+        assert not CONFLICT.search(content.decode(errors="replace")), name
+
+
+def test_changelog_lists_the_releases_with_upgrade_notes():
+    tags = [tag for tag, _ in releases()]
+    assert tags[:2] == ["v0.1.0", "v0.2.0"]
+    assert len(UNRELEASED) <= 1 and (not UNRELEASED or UNRELEASED[0] == tags[-1])
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    for tag in tags:
+        notes = changelog.split(f"## {tag} ", 1)[1].split("\n## ", 1)[0]
+        assert "Upgrade notes:" in notes, tag
+
+
+@pytest.fixture(scope="module")
+def updated(template_repo, tmp_path_factory):
+    """A project copied at the first release, edited, and updated to this version."""
+    project = copy_at(template_repo, RELEASED[0][0], tmp_path_factory.mktemp("updated") / "upgraded")
+    expected = edit_like_a_user(project)
+    update(project, unsafe=True)
+    return project, expected
+
+
+def test_update_keeps_every_user_edit_and_leaves_no_conflict(updated):
+    project, expected = updated
+    assert_clean_merge(project)
+    for name, content in expected.items():
+        assert content in (project / name).read_text(), name
+
+
+def test_updated_template_files_equal_a_fresh_copy(updated, template_repo, tmp_path):
+    project, expected = updated
+    fresh = files(copy_at(template_repo, "HEAD", tmp_path / "upgraded"))
+    mine = files(project)
+    user_added = {name for name in expected if name not in fresh}
+    assert set(mine) - set(fresh) == user_added
+    assert set(fresh) <= set(mine)
+    differing = sorted(
+        name for name in fresh if mine[name] != fresh[name] and name not in expected and not user_owned(name)
+    )
+    assert differing == []
+
+
+def test_the_first_release_answers_are_kept(updated):
+    answers = yaml.safe_load((updated[0] / ".copier-answers.yml").read_text())
+    assert {key: answers[key] for key in ANSWERS} == ANSWERS
+
+
+def test_updating_twice_changes_nothing_the_second_time(updated):
+    project, _ = updated
+    commit_all(project, "updated")
+    update(project)
+    assert git(project, "status", "--porcelain") == ""
+
+
+@pytest.mark.slow
+def test_updated_project_passes_its_tests_and_trains_the_user_model(updated):
+    project, _ = updated
+    install(project)
+    result = run_python(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+    smoke = project / "configs" / "debug" / "smoke.yaml"
+    fit = run_python(
+        project,
+        "-m",
+        PACKAGE,
+        "fit",
+        "--config=configs/experiment/cnn.yaml",
+        f"--config={smoke}",
+        "--run_name=cnn",
+    )
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    assert (project / "checkpoints" / "cnn" / "last.ckpt").is_file()
+
+
+def test_the_rename_migration_needs_trust_and_keeps_the_users_experiment(template_repo, tmp_path):
+    project = copy_at(template_repo, "v0.1.0", tmp_path / "upgraded")
+    old = project / "configs" / "experiment" / "long_cosine.yaml"
+    old.write_text(old.read_text().replace("max_epochs: 60", "max_epochs: 45"))
+    commit_all(project, "a longer schedule")
+
+    with pytest.raises(UnsafeTemplateError, match="migrations"):
+        update(project)
+    assert git(project, "status", "--porcelain") == ""
+
+    update(project, unsafe=True)
+    assert not old.exists()
+    assert "max_epochs: 45" in (project / "configs" / "experiment" / "large_batch.yaml").read_text()
+    assert_clean_merge(project)
+
+
+def test_changing_an_answer_adds_and_removes_exactly_the_logger_files(template_repo, tmp_path):
+    project = copy_at(template_repo, "HEAD", tmp_path / "upgraded")
+    for loggers in (["wandb", "tensorboard"], ["csv"]):
+        update(project, data={"loggers": loggers})
+        commit_all(project, f"loggers: {loggers}")
+        fresh = copy_at(template_repo, "HEAD", tmp_path / "-".join(loggers) / "upgraded", loggers=loggers)
+        assert files(project) == files(fresh)
+        dependencies = (project / "pyproject.toml").read_text()
+        assert ('"wandb>=' in dependencies) == ("wandb" in loggers)
+        assert ('"tensorboard>=' in dependencies) == ("tensorboard" in loggers)
+
+
+def test_pre_commit_refuses_conflict_markers_and_rejects(template_repo, tmp_path):
+    project = copy_at(template_repo, "HEAD", tmp_path / "upgraded")
+    config = yaml.safe_load((project / ".pre-commit-config.yaml").read_text())
+    hooks = {hook["id"]: hook for repo in config["repos"] for hook in repo["hooks"]}
+    assert hooks["check-merge-conflict"]["args"] == ["--assume-in-merge"]
+
+    conflicted = project / "conflicted.py"
+    conflicted.write_text("<<<<<<< before updating\nx = 1\n=======\nx = 2\n>>>>>>> after updating\n")
+    check = subprocess.run(
+        [sys.executable, "-m", "pre_commit_hooks.check_merge_conflict", "--assume-in-merge", str(conflicted)],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 1 and "Merge conflict string" in check.stdout
+
+    local = [repo for repo in config["repos"] if repo["repo"] == "local"]
+    (project / "local-hooks.yaml").write_text(yaml.safe_dump({"repos": local}))
+    (project / "pyproject.toml.rej").write_text("@@ a rejected hunk @@\n")
+    git(project, "add", "--all")
+    hook = subprocess.run(
+        [sys.executable, "-m", "pre_commit", "run", "--config", "local-hooks.yaml", "--all-files"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+    )
+    assert hook.returncode == 1 and "pyproject.toml.rej" in hook.stdout
