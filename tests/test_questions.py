@@ -16,8 +16,10 @@ def test_every_asked_question_has_help():
         assert spec.get("help") or spec.get("when") is False, name
 
 
-def test_nothing_needs_trust():
-    assert {"_tasks", "_jinja_extensions", "_migrations"}.isdisjoint(QUESTIONS)
+def test_nothing_needs_trust_except_a_migration_that_fires():
+    assert {"_tasks", "_jinja_extensions"}.isdisjoint(QUESTIONS)
+    # A migration without a version would run, and ask for --trust, on every update.
+    assert all("version" in migration for migration in QUESTIONS.get("_migrations", []))
     assert QUESTIONS["_min_copier_version"] and QUESTIONS["_answers_file"] == ".copier-answers.yml"
 
 
