@@ -62,6 +62,8 @@ def test_layout(generated, key):
         "scripts/predict.py",
         "tests/test_smoke.py",
         "README.md",
+        "GUIDE.md",
+        ".github/workflows/ci.yml",
         "pyproject.toml",
         "environment.yml",
         ".gitignore",
@@ -85,8 +87,8 @@ def test_only_chosen_loggers_leave_files_and_dependencies(generated, key):
     names = {requirement.name for requirement in _dependencies(project)}
     for logger_name, package in LOGGER_PACKAGES.items():
         assert (package in names) == (logger_name in chosen), package
-    readme = (project / "README.md").read_text()
-    assert ("wandb sync" in readme) == ("wandb" in chosen)
+    guide = (project / "GUIDE.md").read_text()
+    assert ("wandb sync" in guide) == ("wandb" in chosen)
 
 
 @pytest.mark.parametrize("key", KEYS)

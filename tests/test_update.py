@@ -80,14 +80,15 @@ def template_repo(tmp_path_factory) -> Path:
     git(repo, "init", "--quiet", "--initial-branch=main")
     git(repo, "config", "user.email", "ci@example.com")
     git(repo, "config", "user.name", "CI")
+    # --force: the template's own .gitignore (for generated projects) must not drop template files.
     for tag, commit in RELEASED:
         _replace_tree(repo, _tree_at(commit))
-        git(repo, "add", "--all")
+        git(repo, "add", "--all", "--force")
         git(repo, "commit", "--quiet", "--allow-empty", "-m", tag)
         git(repo, "tag", tag)
     # The working tree is the next release while CHANGELOG.md calls it unreleased.
     _replace_tree(repo, _working_tree())
-    git(repo, "add", "--all")
+    git(repo, "add", "--all", "--force")
     git(repo, "commit", "--quiet", "--allow-empty", "-m", "this version")
     if UNRELEASED:
         git(repo, "tag", UNRELEASED[0])
@@ -206,10 +207,10 @@ def test_changelog_lists_the_releases_with_upgrade_notes():
         assert "Upgrade notes:" in notes, tag
 
 
-@pytest.fixture(scope="module")
-def updated(template_repo, tmp_path_factory):
-    """A project copied at the first release, edited, and updated to this version."""
-    project = copy_at(template_repo, RELEASED[0][0], tmp_path_factory.mktemp("updated") / "upgraded")
+@pytest.fixture(scope="module", params=[tag for tag, _ in RELEASED])
+def updated(request, template_repo, tmp_path_factory):
+    """A project copied at each earlier release, edited, and updated to this version."""
+    project = copy_at(template_repo, request.param, tmp_path_factory.mktemp("updated") / "upgraded")
     expected = edit_like_a_user(project)
     update(project, unsafe=True)
     return project, expected

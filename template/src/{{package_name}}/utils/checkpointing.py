@@ -16,4 +16,4 @@ class LastCheckpoint(Callback):
         self.path = Path(dirpath) / "last.ckpt"
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        trainer.save_checkpoint(self.path)
+        trainer.save_checkpoint(self.path, weights_only=False)
