@@ -1,9 +1,10 @@
 """The command line: ``python -m <package> {fit,validate,test,predict}``, built on LightningCLI.
 
 Every run writes into one directory, ``checkpoints/<run_name>/``: checkpoints, logger files and
-the resolved config. Runs that evaluate a checkpoint (validate, test, predict) rebuild its model
-and data settings from the checkpoint, and write into ``<subcommand>-<time>/`` inside the
-directory of the run that made it.
+the resolved config. ``fit --ckpt_path`` on a checkpoint of a run continues that run in its
+directory (``--ckpt_path last`` finds the latest one). Runs that evaluate a checkpoint
+(validate, test, predict) rebuild its model and data settings from it, and write into
+``<subcommand>-<time>/`` inside the directory of the run that made it.
 """
 
 import os
@@ -18,13 +19,23 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from .utils import ExperimentRecord, LastCheckpoint, PredictionWriter, StageTimer
+from .utils import (
+    AtomicCheckpointIO,
+    ExperimentRecord,
+    LastCheckpoint,
+    PredictionWriter,
+    StageTimer,
+    load_weights,
+    read_checkpoint,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
 RUNS_DIR = Path("checkpoints")
 RECORD_FILE = Path("experiments.jsonl")
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # Processes that Lightning starts for DDP re-run the command line; they read rank 0's start time here.
 START_TIME_VARIABLE = f"{__package__.upper()}_START_TIME"
 
@@ -53,8 +64,19 @@ def _loggers(logger: Any) -> list[Namespace]:
     return [entry for entry in entries if isinstance(entry, Namespace)]
 
 
+def _run_of(checkpoint: Path) -> str | None:
+    """The run name of a checkpoint saved in ``checkpoints/<run_name>/``."""
+    return checkpoint.parent.name if checkpoint.resolve().parent.parent == RUNS_DIR.resolve() else None
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    return {k: v for key, value in tree.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
+
+
 class CLI(LightningCLI):
-    """LightningCLI with a checkpoint group, one directory per run and an experiment record."""
+    """LightningCLI with one directory per run, exact resuming and an experiment record."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
@@ -63,67 +85,133 @@ class CLI(LightningCLI):
             default=None,
             help="Name of this run's directory under checkpoints/ (default: the start time).",
         )
+        parser.add_argument(
+            "--weights",
+            type=str | None,
+            default=None,
+            help="Start from the weights in this file: a checkpoint, or a plain state_dict of the model "
+            "or of its network.",
+        )
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
         parser.link_arguments("model.init_args.num_classes", "model.init_args.network.init_args.num_classes")
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        # Checked here, before LightningCLI reads the checkpoint's hyper-parameters.
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            self._check_checkpoint(self.config[subcommand], subcommand)
+
+    def _check_checkpoint(self, config: Namespace, subcommand: str) -> None:
+        """Resolve ``--ckpt_path last``, and refuse a checkpoint that cannot serve this run."""
+        if config.ckpt_path is None:
+            if subcommand != "fit" and not config.weights:
+                self.parser.error(f"{subcommand} needs --ckpt_path, the checkpoint of a trained run")
+            return
+        if config.ckpt_path == "last":
+            config.ckpt_path = str(self._latest_checkpoint(config.run_name))
+        try:
+            checkpoint = read_checkpoint(config.ckpt_path)
+        except (FileNotFoundError, ValueError) as error:
+            self.parser.error(f"--ckpt_path: {error}")
+        if "pytorch-lightning_version" not in checkpoint:
+            self.parser.error(
+                f"--ckpt_path: {config.ckpt_path} is not a Lightning checkpoint; "
+                "to start from the weights in it, pass it as --weights"
+            )
+        if subcommand == "fit":
+            self._check_same_model(config, checkpoint)
+
+    def _latest_checkpoint(self, run_name: str | None) -> Path:
+        pattern = f"{run_name}/last.ckpt" if run_name else "*/last.ckpt"
+        found = sorted(RUNS_DIR.glob(pattern), key=lambda path: path.stat().st_mtime)
+        if not found:
+            self.parser.error(f"--ckpt_path last: no {RUNS_DIR / pattern} to resume from")
+        return found[-1]
+
+    def _check_same_model(self, config: Namespace, checkpoint: dict[str, Any]) -> None:
+        """Resuming rebuilds the checkpoint's model, so a different model config is a mistake."""
+        saved = _flatten(checkpoint.get("hyper_parameters", {}))
+        given = _flatten(config.model.init_args.as_dict())
+        differing = sorted(key for key in saved.keys() & given.keys() if saved[key] != given[key])
+        if differing:
+            self.parser.error(
+                f"the model config differs from the one {config.ckpt_path} was trained with, in "
+                f"{', '.join(differing)}; resume without changing the model, or start a new run "
+                "from its weights with --weights"
+            )
 
     def _config(self) -> Namespace:
         return self.config[self.subcommand] if self.subcommand else self.config
 
     def before_instantiate_classes(self) -> None:
         config = self._config()
-        if self.subcommand in ("validate", "test", "predict"):
-            self._use_checkpoint(config)
-        run_dir = self._run_dir(config)
+        if self.subcommand in ("validate", "test", "predict") and config.ckpt_path:
+            self._use_checkpoint_data(config)
+        run_dir, resumed = self._run_dir(config)
         config.trainer.default_root_dir = str(run_dir)
-        config.checkpoint.dirpath = str(RUNS_DIR / config.run_name) if config.run_name else str(run_dir)
+        config.checkpoint.dirpath = config.last_checkpoint.dirpath = str(
+            RUNS_DIR / config.run_name if config.run_name else run_dir
+        )
+        versions = read_checkpoint(config.ckpt_path).get("logger_versions", {}) if resumed else {}
         for logger in _loggers(config.trainer.logger):
             logger.init_args.save_dir = str(run_dir)
             if logger.init_args.get("name") is None:
                 logger.init_args.name = config.run_name
+            kind = logger.class_path.rsplit(".", 1)[-1]
+            if kind == "WandbLogger" and versions.get(kind):
+                logger.init_args.id = versions[kind]  # continue the same wandb run
+            elif kind == "CSVLogger" and resumed:
+                logger.init_args.version = f"resumed-{_start_time()}"  # keep the first metrics.csv
         if config.trainer.precision is None:
             config.trainer.precision = default_precision()
-        self.save_config_kwargs = {"config_filename": "config.yaml", "overwrite": self.subcommand != "fit"}
+        self.save_config_kwargs = {
+            "config_filename": f"config-resumed-{_start_time()}.yaml" if resumed else "config.yaml",
+            "overwrite": self.subcommand != "fit",
+        }
 
-    def _use_checkpoint(self, config: Namespace) -> None:
-        """Check the checkpoint to evaluate, and evaluate on the data settings it was trained with.
+    def _use_checkpoint_data(self, config: Namespace) -> None:
+        """Evaluate on the data settings the checkpoint was trained with.
 
         LightningCLI already rebuilds the model from the checkpoint's hyper-parameters.
         """
-        if not config.ckpt_path:
-            self.parser.error(f"{self.subcommand} needs --ckpt_path, the checkpoint of a trained run")
-        checkpoint = Path(config.ckpt_path)
-        if not checkpoint.is_file():
-            self.parser.error(f"--ckpt_path: no such checkpoint {checkpoint}")
-        saved = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
-        data = dict(saved.get("datamodule_hyper_parameters") or {})
+        data = dict(read_checkpoint(config.ckpt_path).get("datamodule_hyper_parameters") or {})
         if "_class_path" in data:
             data.pop("_instantiator", None)
             config.data = Namespace(class_path=data.pop("_class_path"), init_args=Namespace(**data))
-        if config.run_name is None and checkpoint.resolve().parent.parent == RUNS_DIR.resolve():
-            config.run_name = checkpoint.resolve().parent.name
+        config.run_name = config.run_name or _run_of(Path(config.ckpt_path))
 
-    def _run_dir(self, config: Namespace) -> Path:
-        """The directory this run writes into; a fit must not reuse one that holds files."""
+    def _run_dir(self, config: Namespace) -> tuple[Path, bool]:
+        """The directory this run writes into, and whether it continues a run there."""
         if self.subcommand not in ("fit", None):
             parent = RUNS_DIR / config.run_name if config.run_name else RUNS_DIR
-            return parent / f"{self.subcommand}-{_start_time()}"
-        config.run_name = config.run_name or _start_time()
+            return parent / f"{self.subcommand}-{_start_time()}", False
+        checkpoint_run = _run_of(Path(config.ckpt_path)) if config.get("ckpt_path") else None
+        resumed = checkpoint_run is not None and config.run_name in (None, checkpoint_run)
+        config.run_name = config.run_name or checkpoint_run or _start_time()
         run_dir = RUNS_DIR / config.run_name
-        if self.subcommand and rank_zero_only.rank == 0 and run_dir.is_dir() and any(run_dir.iterdir()):
+        in_use = run_dir.is_dir() and any(run_dir.iterdir())
+        if self.subcommand and in_use and not resumed and rank_zero_only.rank == 0:
             self.parser.error(
-                f"{run_dir} already holds a run: choose another --run_name, leave it out to name the "
-                "run by its start time, or delete that directory"
+                f"{run_dir} already holds a run: resume it with --ckpt_path {run_dir / 'last.ckpt'}, "
+                "choose another --run_name, or delete that directory"
             )
-        if config.get("ckpt_path") and not Path(config.ckpt_path).is_file():
-            self.parser.error(f"--ckpt_path: no such checkpoint {config.ckpt_path}")
-        return run_dir
+        return run_dir, resumed
+
+    def after_instantiate_classes(self) -> None:
+        weights = self._config().get("weights")
+        if weights:
+            try:
+                load_weights(self.model, weights)
+            except (FileNotFoundError, ValueError) as error:
+                self.parser.error(f"--weights: {error}")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         config, trainer = self._config(), self._config_init()["trainer"]
         configured = trainer.get("callbacks") or []
         callbacks = [
             *(configured if isinstance(configured, list) else [configured]),
-            LastCheckpoint(config.checkpoint.dirpath),
             StageTimer(),
             ExperimentRecord(RECORD_FILE, self._summary(config)),
             PredictionWriter(),
@@ -132,7 +220,11 @@ class CLI(LightningCLI):
             callbacks.append(RichProgressBar())
         if trainer.get("logger"):
             callbacks.append(LearningRateMonitor(logging_interval="step"))
-        return super().instantiate_trainer(**{"callbacks": callbacks, **kwargs})
+        plugins = trainer.get("plugins") or [AtomicCheckpointIO()]
+        try:
+            return super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
+        except MisconfigurationException as error:
+            self.parser.error(f"trainer: {error}")
 
     def _config_init(self) -> Namespace:
         return self.config_init[self.subcommand] if self.subcommand else self.config_init
@@ -169,7 +261,7 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
     defaults = {"default_config_files": [str(DEFAULT_CONFIG)]} if DEFAULT_CONFIG.is_file() else {}
     parser_kwargs = {"prog": f"python -m {__package__}"}
     if run:
-        parser_kwargs |= {name: defaults for name in ("fit", "validate", "test", "predict")}
+        parser_kwargs |= {name: defaults for name in SUBCOMMANDS}
     else:
         parser_kwargs |= defaults
     return CLI(args=args, run=run, parser_kwargs=parser_kwargs, save_config_kwargs={"overwrite": False})

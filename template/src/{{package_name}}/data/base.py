@@ -1,13 +1,25 @@
 """Splitting and loading shared by every dataset that fits in memory as a feature and a label array."""
 
 import math
+import os
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveFloat, PositiveInt
 from lightning.pytorch import LightningDataModule
 from sklearn.model_selection import train_test_split
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+
+class EpochSampler(DistributedSampler):
+    """DDP's sampler, drawing an epoch's order when iteration starts rather than when the
+    iterator is made: the stateful loader makes it before Lightning calls ``set_epoch``.
+    """
+
+    def __iter__(self) -> Iterator[int]:
+        yield from super().__iter__()
 
 
 class ArrayDataModule(LightningDataModule):
@@ -112,11 +124,22 @@ class ArrayDataModule(LightningDataModule):
         pin_memory = self.hparams.pin_memory
         if pin_memory is None:
             pin_memory = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
-        return DataLoader(
-            self.splits[split],
+        dataset = self.splits[split]
+        # The shuffled order of an epoch depends only on the seed and the epoch number, as in
+        # DDP, and the loaders draw from their own generator, never from the global one that
+        # dropout uses; the training loader can also save and restore its position mid-epoch.
+        # Together they let a resumed run see the same batches as one that never stopped.
+        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        replicas, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        sampler = EpochSampler(dataset, num_replicas=replicas, rank=rank, shuffle=shuffle, seed=seed)
+        sampler.set_epoch(self.trainer.current_epoch if self.trainer else 0)
+        loader_class = StatefulDataLoader if shuffle else DataLoader
+        return loader_class(
+            dataset,
             batch_size=self.batch_size,
-            shuffle=shuffle,
+            sampler=sampler,
             num_workers=self.hparams.num_workers,
             pin_memory=pin_memory,
             persistent_workers=self.hparams.num_workers > 0,
+            generator=torch.Generator().manual_seed(seed),
         )

@@ -5,7 +5,6 @@ architecture is a new file in ``models/`` and a config change, not an edit here.
 """
 
 import math
-from functools import partial
 
 from jsonargparse.typing import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from lightning.pytorch import LightningModule
@@ -58,6 +57,7 @@ class Classifier(LightningModule):
         self.train_metrics = metrics.clone(prefix="train/")
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
+        self.total_steps = 1  # the run's optimizer steps, known once training starts
 
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
@@ -117,6 +117,12 @@ class Classifier(LightningModule):
             self.log("train/grad_norm", grad_norm(self, norm_type=2)["grad_2.0_norm_total"])
 
     def on_train_start(self) -> None:
+        # The schedule's length is read here rather than in configure_optimizers: asking for it
+        # builds the training loader, which must happen after a resumed run has restored its
+        # loops, or the loader's mid-epoch position is lost.
+        self.total_steps = self.trainer.estimated_stepping_batches
+        if not math.isfinite(self.total_steps):
+            raise ValueError("The cosine schedule needs a finite run: set trainer.max_epochs or max_steps")
         # A resumed run restores the rate its checkpoint ended on; take the current step's rate
         # from this run's schedule instead, which differs when max_epochs has changed.
         for config in self.trainer.lr_scheduler_configs:
@@ -137,14 +143,12 @@ class Classifier(LightningModule):
         if self.hparams.scale_lr:
             lr *= self.effective_batch_size / self.hparams.base_batch_size
         optimizer = AdamW(self.parameters(), lr=lr, weight_decay=self.hparams.weight_decay)
-        total_steps = self.trainer.estimated_stepping_batches
-        if not math.isfinite(total_steps):
-            raise ValueError("The cosine schedule needs a finite run: set trainer.max_epochs or max_steps")
-        schedule = partial(
-            warmup_cosine, warmup_steps=self.hparams.warmup_steps, total_steps=int(total_steps)
-        )
-        scheduler = LambdaLR(optimizer, schedule)
+        scheduler = LambdaLR(optimizer, self.lr_factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def lr_factor(self, step: int) -> float:
+        """The schedule: warm-up then cosine decay over the run's ``total_steps``."""
+        return warmup_cosine(step, self.hparams.warmup_steps, self.total_steps)
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:

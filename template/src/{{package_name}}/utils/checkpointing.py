@@ -1,19 +1,162 @@
-"""``last.ckpt``: the state at the end of the latest training epoch, for resuming."""
+"""Checkpoints that resume exactly, are never left half-written, and load with clear errors.
 
+- ``LastCheckpoint`` writes ``last.ckpt`` at the end of every epoch, every N steps if asked,
+  and when the run receives SIGTERM, with the random number generators' states in it.
+- ``AtomicCheckpointIO`` writes every checkpoint to a temporary file, syncs it and renames it
+  over the old one, so a kill during a save leaves the previous file intact.
+- ``load_weights`` puts the weights of a checkpoint or a plain ``state_dict`` file into a model.
+"""
+
+import os
+import random
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import torch
+from jsonargparse.typing import NonNegativeInt
+from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import nn
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Saves through a temporary file in the same directory: write, fsync, rename."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
+    ) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.partial")
+        try:
+            with temporary.open("wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+def rng_states() -> dict[str, Any]:
+    """The states of every random number generator a training step draws from."""
+    kind, keys, position, has_gauss, cached_gauss = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached_gauss),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    kind, keys, position, has_gauss, cached_gauss = states["numpy"]
+    random.setstate(states["python"])
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached_gauss))
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 class LastCheckpoint(Callback):
-    """Saves ``<dirpath>/last.ckpt`` at the end of every training epoch, after validation.
+    """Keeps ``<dirpath>/last.ckpt``, the state to resume from, exactly where training stands.
 
-    ``ModelCheckpoint(save_last=True)`` in Lightning 2.6 rewrites ``last.ckpt`` only when it also
-    saves a best checkpoint, so after the best epoch its "last" would stop moving.
+    It is saved after every training epoch (after validation), every ``every_n_train_steps``
+    optimizer steps if that is above 0, and on SIGTERM before the run exits. Every checkpoint of
+    the run also carries the random number generators' states and the loggers' run ids, so that
+    a resumed run draws the same dropout masks and continues the same logger runs. Weights that
+    are no longer finite are never saved. (``ModelCheckpoint(save_last=True)`` in Lightning 2.6
+    rewrites ``last.ckpt`` only when it also saves a best checkpoint.)
+
+    Args:
+        dirpath: the run directory; the CLI sets it.
+        every_n_train_steps: also save mid-epoch every this many optimizer steps (0: only at
+            the end of each epoch and on SIGTERM).
     """
 
-    def __init__(self, dirpath: str | Path) -> None:
-        self.path = Path(dirpath) / "last.ckpt"
+    def __init__(self, dirpath: str | None = None, every_n_train_steps: NonNegativeInt = 0) -> None:
+        self.dirpath = dirpath
+        self.every_n_train_steps = every_n_train_steps
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dirpath or ".") / "last.ckpt"
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        steps = self.every_n_train_steps
+        if steps and trainer.global_step % steps == 0 and not trainer.fit_loop.epoch_loop.done:
+            self._save(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._save(trainer, pl_module)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException):
+            self._save(trainer, pl_module)
+
+    def _save(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not all(torch.isfinite(parameter).all() for parameter in pl_module.parameters()):
+            raise FloatingPointError(
+                f"The weights are not finite at step {trainer.global_step}; {self.path} was not "
+                "overwritten and still holds the last good state"
+            )
         trainer.save_checkpoint(self.path, weights_only=False)
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        checkpoint["rng_states"] = rng_states()
+        checkpoint["logger_versions"] = {type(logger).__name__: logger.version for logger in trainer.loggers}
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        if "rng_states" in checkpoint:
+            set_rng_states(checkpoint["rng_states"])
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint file on the CPU, tensors only (no code runs), with errors naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such checkpoint {path}")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:
+        raise ValueError(f"{path} is not a readable checkpoint (corrupt or truncated?): {error}") from None
+    if not isinstance(checkpoint, dict):
+        raise ValueError(f"{path} holds a {type(checkpoint).__name__}, not a checkpoint or state_dict")
+    return checkpoint
+
+
+def load_weights(model: LightningModule, path: str | Path) -> None:
+    """Load weights into ``model`` from a Lightning checkpoint, or from a plain ``state_dict`` file
+    of the model or of its network (as saved by a hand-written loop), with or without the
+    ``module.`` prefix that DataParallel and DDP wrappers add.
+    """
+    checkpoint = read_checkpoint(path)
+    state = checkpoint.get("state_dict", checkpoint)
+    state = {key.removeprefix("module."): value for key, value in state.items()}
+    network = getattr(model, "network", None)
+    candidates: list[nn.Module] = [model, *([network] if isinstance(network, nn.Module) else [])]
+    for target in candidates:
+        expected = target.state_dict()
+        if state.keys() == expected.keys():
+            wrong = [
+                f"{key}: {tuple(value.shape)} in the file, {tuple(expected[key].shape)} in the model"
+                for key, value in state.items()
+                if value.shape != expected[key].shape
+            ]
+            if wrong:
+                raise ValueError(f"{path} does not fit this model; shapes differ: " + "; ".join(wrong[:5]))
+            target.load_state_dict(state)
+            return
+    missing = sorted(model.state_dict().keys() - state.keys())[:5]
+    unexpected = sorted(state.keys() - model.state_dict().keys())[:5]
+    raise ValueError(
+        f"{path} holds no weights for this model: it lacks {missing} and has {unexpected} "
+        "(the first few names of each)"
+    )

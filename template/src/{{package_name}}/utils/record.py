@@ -79,7 +79,7 @@ class ExperimentRecord(Callback):
         self._write(
             trainer,
             stage="test",
-            checkpoint=str(Path(trainer.ckpt_path).resolve()),
+            checkpoint=str(Path(trainer.ckpt_path).resolve()) if trainer.ckpt_path else None,
             test={name: value for name, value in metrics.items() if name.startswith("test/")},
         )
 
