@@ -8,6 +8,7 @@ directory (``--ckpt_path last`` finds the latest one). Runs that evaluate a chec
 """
 
 import os
+import sys
 import warnings
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +19,7 @@ from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
@@ -166,10 +168,23 @@ class CLI(LightningCLI):
                 logger.init_args.version = f"resumed-{_start_time()}"  # keep the first metrics.csv
         if config.trainer.precision is None:
             config.trainer.precision = default_precision()
+        self._check_precision(config.trainer)
         self.save_config_kwargs = {
             "config_filename": f"config-resumed-{_start_time()}.yaml" if resumed else "config.yaml",
             "overwrite": self.subcommand != "fit",
         }
+
+    def _check_precision(self, trainer: Namespace) -> None:
+        """Refuse a precision the device cannot run, which Lightning would silently replace."""
+        on_gpu = torch.cuda.is_available() and trainer.accelerator in ("auto", "gpu", "cuda")
+        precision = str(trainer.precision)
+        if precision.startswith("16") and not on_gpu:
+            self.parser.error(
+                f"trainer.precision={precision} needs a CUDA GPU (float16 autocast does not run on CPU); "
+                "use bf16-mixed or 32-true"
+            )
+        if precision.startswith("bf16") and on_gpu and not torch.cuda.is_bf16_supported():
+            self.parser.error(f"trainer.precision={precision}: this GPU has no bfloat16; use 16-mixed")
 
     def _use_checkpoint_data(self, config: Namespace) -> None:
         """Evaluate on the data settings the checkpoint was trained with.
@@ -226,6 +241,15 @@ class CLI(LightningCLI):
         except MisconfigurationException as error:
             self.parser.error(f"trainer: {error}")
 
+    def after_fit(self) -> None:
+        # Lightning leaves the wandb run open for the caller; the next run in this process would
+        # otherwise be logged into it.
+        for logger in self.trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.experiment.finish()
+
+    after_validate = after_test = after_predict = after_fit
+
     def _config_init(self) -> Namespace:
         return self.config_init[self.subcommand] if self.subcommand else self.config_init
 
@@ -258,6 +282,10 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
     ``configs/default.yaml`` is read first; every ``--config`` and ``--key=value`` applies on top.
     Returns the CLI so that tests and notebooks can reach ``cli.trainer`` and ``cli.model``.
     """
+    words = list(sys.argv[1:] if args is None else args) if isinstance(args, list | None) else []
+    first = next((index for index, word in enumerate(words) if word in SUBCOMMANDS), len(words))
+    if run and any(word in ("-c", "--config") or word.startswith("--config=") for word in words[:first]):
+        sys.exit(f"error: put --config after the subcommand, e.g. python -m {__package__} fit --config ...")
     defaults = {"default_config_files": [str(DEFAULT_CONFIG)]} if DEFAULT_CONFIG.is_file() else {}
     parser_kwargs = {"prog": f"python -m {__package__}"}
     if run:

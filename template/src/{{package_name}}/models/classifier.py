@@ -6,6 +6,7 @@ architecture is a new file in ``models/`` and a config change, not an edit here.
 
 import math
 
+import torch
 from jsonargparse.typing import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import grad_norm
@@ -77,6 +78,14 @@ class Classifier(LightningModule):
         self.train_metrics.update(logits, y)
         self.train_loss.update(loss.detach())
         self.log("train/loss", loss, prog_bar=True)
+        # Checked on the steps the logger writes, where the value is read anyway, so that no other
+        # step waits for the device; LastCheckpoint also refuses to save non-finite weights.
+        if self.global_step % self.trainer.log_every_n_steps == 0 and not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"train/loss is {loss.item()} at step {self.global_step} (epoch {self.current_epoch}, "
+                f"batch {batch_idx}); stopping. last.ckpt still holds the last good state. Lower "
+                "model.init_args.lr, or set trainer.detect_anomaly=true to find the operation at fault"
+            )
         return loss
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

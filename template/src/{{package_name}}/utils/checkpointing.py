@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from jsonargparse.typing import NonNegativeInt
 from lightning.fabric.plugins import TorchCheckpointIO
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
@@ -65,7 +66,7 @@ def set_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-class LastCheckpoint(Callback):
+class LastCheckpoint(Checkpoint):
     """Keeps ``<dirpath>/last.ckpt``, the state to resume from, exactly where training stands.
 
     It is saved after every training epoch (after validation), every ``every_n_train_steps``
@@ -74,6 +75,9 @@ class LastCheckpoint(Callback):
     a resumed run draws the same dropout masks and continues the same logger runs. Weights that
     are no longer finite are never saved. (``ModelCheckpoint(save_last=True)`` in Lightning 2.6
     rewrites ``last.ckpt`` only when it also saves a best checkpoint.)
+
+    Being a ``Checkpoint``, it runs after early stopping and the best-checkpoint callback, so the
+    state it saves includes their decisions for the epoch.
 
     Args:
         dirpath: the run directory; the CLI sets it.
