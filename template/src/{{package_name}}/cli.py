@@ -8,6 +8,7 @@ directory (``--ckpt_path last`` finds the latest one). Runs that evaluate a chec
 """
 
 import os
+import signal
 import sys
 import warnings
 from datetime import datetime
@@ -20,8 +21,9 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.plugins import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from .utils import (
     AtomicCheckpointIO,
@@ -72,9 +74,12 @@ def _run_of(checkpoint: Path) -> str | None:
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dictionaries as one, with dotted keys."""
     if not isinstance(tree, dict):
         return {prefix: tree}
-    return {k: v for key, value in tree.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
+    return {
+        k: v for key, value in tree.items() for k, v in _flatten(value, f"{prefix}.{key}".lstrip(".")).items()
+    }
 
 
 class CLI(LightningCLI):
@@ -235,7 +240,10 @@ class CLI(LightningCLI):
             callbacks.append(RichProgressBar())
         if trainer.get("logger"):
             callbacks.append(LearningRateMonitor(logging_interval="step"))
-        plugins = trainer.get("plugins") or [AtomicCheckpointIO()]
+        configured = trainer.get("plugins") or []
+        plugins = configured if isinstance(configured, list) else [configured]
+        if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+            plugins = [*plugins, AtomicCheckpointIO()]
         try:
             return super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
         except MisconfigurationException as error:
@@ -292,4 +300,8 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
         parser_kwargs |= {name: defaults for name in SUBCOMMANDS}
     else:
         parser_kwargs |= defaults
-    return CLI(args=args, run=run, parser_kwargs=parser_kwargs, save_config_kwargs={"overwrite": False})
+    try:
+        return CLI(args=args, run=run, parser_kwargs=parser_kwargs, save_config_kwargs={"overwrite": False})
+    except SIGTERMException:
+        # Stopped, with last.ckpt saved: exit as a terminated process does, not as a finished one.
+        sys.exit(128 + signal.SIGTERM)

@@ -78,9 +78,9 @@ class Classifier(LightningModule):
         self.train_metrics.update(logits, y)
         self.train_loss.update(loss.detach())
         self.log("train/loss", loss, prog_bar=True)
-        # Checked on the steps the logger writes, where the value is read anyway, so that no other
+        # Checked on the steps the logger writes, which read the value anyway, so that no other
         # step waits for the device; LastCheckpoint also refuses to save non-finite weights.
-        if self.global_step % self.trainer.log_every_n_steps == 0 and not torch.isfinite(loss):
+        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0 and not torch.isfinite(loss):
             raise FloatingPointError(
                 f"train/loss is {loss.item()} at step {self.global_step} (epoch {self.current_epoch}, "
                 f"batch {batch_idx}); stopping. last.ckpt still holds the last good state. Lower "

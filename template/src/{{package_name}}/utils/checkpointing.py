@@ -70,11 +70,13 @@ class LastCheckpoint(Checkpoint):
     """Keeps ``<dirpath>/last.ckpt``, the state to resume from, exactly where training stands.
 
     It is saved after every training epoch (after validation), every ``every_n_train_steps``
-    optimizer steps if that is above 0, and on SIGTERM before the run exits. Every checkpoint of
-    the run also carries the random number generators' states and the loggers' run ids, so that
-    a resumed run draws the same dropout masks and continues the same logger runs. Weights that
-    are no longer finite are never saved. (``ModelCheckpoint(save_last=True)`` in Lightning 2.6
-    rewrites ``last.ckpt`` only when it also saves a best checkpoint.)
+    optimizer steps if that is above 0, and on SIGTERM before the run exits, unless the signal
+    comes during validation or inside a gradient-accumulation window, where the previous save
+    stands. Every checkpoint of the run also carries the random number generators' states and
+    the loggers' run ids, so that a resumed run draws the same dropout masks and continues the
+    same logger runs. Weights that are no longer finite are never saved.
+    (``ModelCheckpoint(save_last=True)`` in Lightning 2.6 rewrites ``last.ckpt`` only when it
+    also saves a best checkpoint.)
 
     Being a ``Checkpoint``, it runs after early stopping and the best-checkpoint callback, so the
     state it saves includes their decisions for the epoch.
@@ -88,21 +90,30 @@ class LastCheckpoint(Checkpoint):
     def __init__(self, dirpath: str | None = None, every_n_train_steps: NonNegativeInt = 0) -> None:
         self.dirpath = dirpath
         self.every_n_train_steps = every_n_train_steps
+        self._after_step = True
 
     @property
     def path(self) -> Path:
         return Path(self.dirpath or ".") / "last.ckpt"
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # A state saved inside a gradient-accumulation window would lose the gradients gathered
+        # so far, so saves happen only right after an optimizer step.
+        self._after_step = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
         steps = self.every_n_train_steps
-        if steps and trainer.global_step % steps == 0 and not trainer.fit_loop.epoch_loop.done:
+        at_save_step = steps and trainer.global_step % steps == 0
+        if at_save_step and self._after_step and not trainer.fit_loop.epoch_loop.done:
             self._save(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._save(trainer, pl_module)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, SIGTERMException):
+        # On SIGTERM in the middle of validation or of an accumulation window, the last save
+        # stays the one to resume from: neither state can be resumed exactly.
+        if isinstance(exception, SIGTERMException) and self._after_step and not trainer.validating:
             self._save(trainer, pl_module)
 
     def _save(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -130,7 +141,10 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as error:
-        raise ValueError(f"{path} is not a readable checkpoint (corrupt or truncated?): {error}") from None
+        raise ValueError(
+            f"{path} is not a readable checkpoint (corrupt, truncated, or a pickled object, which "
+            f"weights-only loading refuses to run): {error}"
+        ) from None
     if not isinstance(checkpoint, dict):
         raise ValueError(f"{path} holds a {type(checkpoint).__name__}, not a checkpoint or state_dict")
     return checkpoint
