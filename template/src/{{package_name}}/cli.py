@@ -106,12 +106,14 @@ class CLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         # Checked here, before LightningCLI reads the checkpoint's hyper-parameters.
         super().parse_arguments(parser, args)
+        self.checkpoint: dict[str, Any] = {}  # the one given as --ckpt_path, read once
         subcommand = self.config.get("subcommand")
         if subcommand:
             self._check_checkpoint(self.config[subcommand], subcommand)
 
     def _check_checkpoint(self, config: Namespace, subcommand: str) -> None:
-        """Resolve ``--ckpt_path last``, and refuse a checkpoint that cannot serve this run."""
+        """Resolve ``--ckpt_path last``, read the checkpoint (memory-mapped) once for the other
+        checks, and refuse one that cannot serve this run."""
         if config.ckpt_path is None:
             if subcommand != "fit" and not config.weights:
                 self.parser.error(f"{subcommand} needs --ckpt_path, the checkpoint of a trained run")
@@ -119,7 +121,7 @@ class CLI(LightningCLI):
         if config.ckpt_path == "last":
             config.ckpt_path = str(self._latest_checkpoint(config.run_name))
         try:
-            checkpoint = read_checkpoint(config.ckpt_path)
+            self.checkpoint = checkpoint = read_checkpoint(config.ckpt_path)
         except (FileNotFoundError, ValueError) as error:
             self.parser.error(f"--ckpt_path: {error}")
         if "pytorch-lightning_version" not in checkpoint:
@@ -161,7 +163,7 @@ class CLI(LightningCLI):
         config.checkpoint.dirpath = config.last_checkpoint.dirpath = str(
             RUNS_DIR / config.run_name if config.run_name else run_dir
         )
-        versions = read_checkpoint(config.ckpt_path).get("logger_versions", {}) if resumed else {}
+        versions = self.checkpoint.get("logger_versions", {}) if resumed else {}
         for logger in _loggers(config.trainer.logger):
             logger.init_args.save_dir = str(run_dir)
             if logger.init_args.get("name") is None:
@@ -196,7 +198,7 @@ class CLI(LightningCLI):
 
         LightningCLI already rebuilds the model from the checkpoint's hyper-parameters.
         """
-        data = dict(read_checkpoint(config.ckpt_path).get("datamodule_hyper_parameters") or {})
+        data = dict(self.checkpoint.get("datamodule_hyper_parameters") or {})
         if "_class_path" in data:
             data.pop("_instantiator", None)
             config.data = Namespace(class_path=data.pop("_class_path"), init_args=Namespace(**data))
