@@ -50,6 +50,7 @@ def test_experiment_record(run, tmp_path):
     assert f"best-epoch={fit_line['best_epoch']:03d}" in fit_line["best_checkpoint"]
     assert Path(fit_line["last_checkpoint"]).is_file()
     assert fit_line["wall_time_s"] > 0
+    assert fit_line["effective_batch_size"] == 16
 
     assert test_line["stage"] == "test" and test_line["run_name"] == "recorded"
     assert set(test_line["test"]) >= {"test/acc", "test/f1", "test/loss"}

@@ -130,6 +130,8 @@ class Classifier(LightningModule):
         # builds the training loader, which must happen after a resumed run has restored its
         # loops, or the loader's mid-epoch position is lost.
         self.total_steps = self.trainer.estimated_stepping_batches
+        for logger in self.loggers:
+            logger.log_hyperparams({"effective_batch_size": self.effective_batch_size})
         if not math.isfinite(self.total_steps):
             raise ValueError("The cosine schedule needs a finite run: set trainer.max_epochs or max_steps")
         # A resumed run restores the rate its checkpoint ended on; take the current step's rate

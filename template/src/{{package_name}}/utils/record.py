@@ -66,6 +66,7 @@ class ExperimentRecord(Callback):
             stage="fit",
             epochs=trainer.current_epoch,
             steps=trainer.global_step,
+            effective_batch_size=getattr(pl_module, "effective_batch_size", None),
             monitor=checkpoint.monitor,
             best_value=_number(checkpoint.best_model_score),
             best_epoch=_saved_epoch(best) if best else None,
