@@ -52,7 +52,7 @@ def default_precision() -> str:
     """bf16 mixed precision where the GPU supports it, fp16 mixed on older GPUs, fp32 on CPU."""
     if not torch.cuda.is_available():
         return "32-true"
-    return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    return "bf16-mixed" if torch.cuda.is_bf16_supported(including_emulation=False) else "16-mixed"
 
 
 def _start_time() -> str:
@@ -190,7 +190,11 @@ class CLI(LightningCLI):
                 f"trainer.precision={precision} needs a CUDA GPU (float16 autocast does not run on CPU); "
                 "use bf16-mixed or 32-true"
             )
-        if precision.startswith("bf16") and on_gpu and not torch.cuda.is_bf16_supported():
+        if (
+            precision.startswith("bf16")
+            and on_gpu
+            and not torch.cuda.is_bf16_supported(including_emulation=False)
+        ):
             self.parser.error(f"trainer.precision={precision}: this GPU has no bfloat16; use 16-mixed")
 
     def _use_checkpoint_data(self, config: Namespace) -> None:
