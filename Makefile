@@ -29,9 +29,9 @@ demo: setup
 	cd demo && ../$(BIN)/python -m digits_demo fit --run_name demo --trainer.enable_progress_bar=false
 	cd demo && ../$(BIN)/python -m digits_demo test --ckpt_path "$$(ls checkpoints/demo/best-*.ckpt)" \
 		--trainer.enable_progress_bar=false
-	$(BIN)/python -c "import json; fit, test = [json.loads(l) for l in open('demo/experiments.jsonl')]; \
-		print(f\"\ndemo: best val/acc {fit['best_value']:.4f} at epoch {fit['best_epoch']}, \
-		test/acc {test['test']['test/acc']:.4f}, training {fit['wall_time_s']} s, checkpoint {fit['best_checkpoint']}\")"
+	$(BIN)/python -c 'import json; fit, test = map(json.loads, open("demo/experiments.jsonl")); \
+		print("\ndemo: best val/acc %.4f at epoch %d, test/acc %.4f, training %.1f s, checkpoint %s" % ( \
+		fit["best_value"], fit["best_epoch"], test["test"]["test/acc"], fit["wall_time_s"], fit["best_checkpoint"]))'
 
 lint: setup
 	$(BIN)/ruff check tests
