@@ -1,12 +1,13 @@
 # make demo: set up, generate a demo project and train it, printing the result.
 # make test: set up and run the template's test suite.
+# make docs: build the documentation site into site/ (any warning fails).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # The CPU build of torch, installed before everything else so that no CUDA build is pulled in.
 TORCH ?= torch==2.13.0
 
-.PHONY: setup test test-fast demo lint clean
+.PHONY: setup test test-fast demo docs lint clean
 
 setup: $(VENV)/.installed
 
@@ -32,6 +33,9 @@ demo: setup
 	$(BIN)/python -c 'import json; fit, test = map(json.loads, open("demo/experiments.jsonl")); \
 		print("\ndemo: best val/acc %.4f at epoch %d, test/acc %.4f, training %.1f s, checkpoint %s" % ( \
 		fit["best_value"], fit["best_epoch"], test["test"]["test/acc"], fit["wall_time_s"], fit["best_checkpoint"]))'
+
+docs: setup
+	$(BIN)/mkdocs build --strict
 
 lint: setup
 	$(BIN)/ruff check tests
