@@ -31,6 +31,7 @@ from .utils import (
     LastCheckpoint,
     PredictionWriter,
     StageTimer,
+    TestReport,
     load_weights,
     read_checkpoint,
 )
@@ -241,6 +242,7 @@ class CLI(LightningCLI):
             StageTimer(),
             ExperimentRecord(RECORD_FILE, self._summary(config)),
             PredictionWriter(),
+            TestReport(),
         ]
         if trainer.get("enable_progress_bar") is not False:
             callbacks.append(RichProgressBar())

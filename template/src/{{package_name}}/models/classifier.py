@@ -91,17 +91,19 @@ class Classifier(LightningModule):
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val", self.val_metrics)
 
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "test", self.test_metrics)
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        # The logits go on to the callbacks: TestReport builds the confusion matrix from them.
+        return self._evaluate(batch, "test", self.test_metrics)
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         return self(batch[0]).softmax(dim=-1)
 
-    def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str, metrics: MetricCollection) -> None:
+    def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str, metrics: MetricCollection) -> Tensor:
         x, y = batch
         logits = self(x)
         self.log(f"{stage}/loss", self.loss_fn(logits, y), prog_bar=True, sync_dist=True)
         metrics.update(logits, y)
+        return logits
 
     # Metrics are computed once per epoch from their state accumulated over all processes, then
     # reset; the epoch's mean loss too, so no step pays for a synchronisation between processes.

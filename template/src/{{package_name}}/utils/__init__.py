@@ -1,8 +1,9 @@
-"""Callbacks and helpers shared by every run: checkpoints, timing, record, predictions."""
+"""Callbacks and helpers shared by every run: checkpoints, timing, record, predictions, reports."""
 
 from .checkpointing import AtomicCheckpointIO, LastCheckpoint, load_weights, read_checkpoint
 from .predictions import PredictionWriter
 from .record import ExperimentRecord
+from .reports import TestReport
 from .timing import StageTimer
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "LastCheckpoint",
     "PredictionWriter",
     "StageTimer",
+    "TestReport",
     "load_weights",
     "read_checkpoint",
 ]

@@ -3,6 +3,7 @@
 import csv
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
@@ -10,13 +11,32 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 
 class PredictionWriter(BasePredictionWriter):
-    """One row per sample, in dataset order: ``index, predicted, prob_0 .. prob_{C-1}``.
+    """One row per sample, in dataset order: ``index, label, predicted, prob_0 .. prob_{C-1}``.
 
-    Under DDP each process writes its own share to ``predictions-rank<N>.csv``.
+    ``label`` is the true class, present when the batches carry labels (``(inputs, labels)``);
+    ``predicted`` is the most probable class. Under DDP each process writes its own share to
+    ``predictions-rank<N>.csv``.
     """
 
     def __init__(self) -> None:
-        super().__init__(write_interval="epoch")
+        super().__init__(write_interval="batch_and_epoch")
+        self._labels: list[torch.Tensor] = []
+
+    def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._labels = []
+
+    def write_on_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        prediction: Any,
+        batch_indices: Sequence[int] | None,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int,
+    ) -> None:
+        if isinstance(batch, list | tuple) and len(batch) == 2:
+            self._labels.append(batch[1].cpu())
 
     def write_on_epoch_end(
         self,
@@ -29,10 +49,13 @@ class PredictionWriter(BasePredictionWriter):
         path = Path(trainer.default_root_dir) / f"predictions{suffix}.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
         probabilities = torch.cat(list(predictions)).float()
-        indices = [index for batch in batch_indices[0] for index in batch]
+        columns: dict[str, list] = {"index": [index for batch in batch_indices[0] for index in batch]}
+        if self._labels:
+            columns["label"] = torch.cat(self._labels).tolist()
+        columns["predicted"] = probabilities.argmax(dim=1).tolist()
+        for c, column in enumerate(probabilities.T.tolist()):
+            columns[f"prob_{c}"] = [f"{p:.6f}" for p in column]
         with path.open("w", newline="") as file:
             writer = csv.writer(file)
-            writer.writerow(["index", "predicted", *(f"prob_{c}" for c in range(probabilities.shape[1]))])
-            predicted = probabilities.argmax(dim=1).tolist()
-            for index, label, row in zip(indices, predicted, probabilities.tolist(), strict=True):
-                writer.writerow([index, label, *(f"{p:.6f}" for p in row)])
+            writer.writerow(columns)
+            writer.writerows(zip(*columns.values(), strict=True))
