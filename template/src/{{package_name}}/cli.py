@@ -18,7 +18,12 @@ from typing import Any
 import torch
 from jsonargparse import Namespace
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import (
+    DeviceStatsMonitor,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    RichProgressBar,
+)
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.plugins import CheckpointIO
@@ -29,9 +34,11 @@ from .utils import (
     AtomicCheckpointIO,
     ExperimentRecord,
     LastCheckpoint,
+    OutOfMemoryReport,
     PredictionWriter,
     StageTimer,
     TestReport,
+    is_out_of_memory,
     load_weights,
     read_checkpoint,
 )
@@ -99,6 +106,13 @@ class CLI(LightningCLI):
             default=None,
             help="Start from the weights in this file: a checkpoint, or a plain state_dict of the model "
             "or of its network.",
+        )
+        parser.add_argument(
+            "--device_stats",
+            type=bool,
+            default=False,
+            help="Log the device's memory statistics (CPU use and RAM on CPU) to the loggers during fit; "
+            "configs/trainer/device_stats.yaml sets it.",
         )
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
@@ -243,7 +257,12 @@ class CLI(LightningCLI):
             ExperimentRecord(RECORD_FILE, self._summary(config)),
             PredictionWriter(),
             TestReport(),
+            OutOfMemoryReport(),
         ]
+        if config.get("device_stats"):
+            if not trainer.get("logger"):
+                self.parser.error("device_stats needs a logger to write to; trainer.logger is off")
+            callbacks.append(DeviceStatsMonitor())
         if trainer.get("enable_progress_bar") is not False:
             callbacks.append(RichProgressBar())
         if trainer.get("logger"):
@@ -313,3 +332,8 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
     except SIGTERMException:
         # Stopped, with last.ckpt saved: exit as a terminated process does, not as a finished one.
         sys.exit(128 + signal.SIGTERM)
+    except RuntimeError as error:
+        if not (run and is_out_of_memory(error)):
+            raise
+        # OutOfMemoryReport has printed where and what to change, and saved what it could.
+        sys.exit(f"error: out of memory ({str(error).splitlines()[0]})")

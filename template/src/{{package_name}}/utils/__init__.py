@@ -1,6 +1,8 @@
-"""Callbacks and helpers shared by every run: checkpoints, timing, record, predictions, reports."""
+"""Callbacks and helpers shared by every run: checkpoints, timing, record, predictions, reports,
+out-of-memory triage."""
 
 from .checkpointing import AtomicCheckpointIO, LastCheckpoint, load_weights, read_checkpoint
+from .memory import OutOfMemoryReport, is_out_of_memory
 from .predictions import PredictionWriter
 from .record import ExperimentRecord
 from .reports import TestReport
@@ -10,9 +12,11 @@ __all__ = [
     "AtomicCheckpointIO",
     "ExperimentRecord",
     "LastCheckpoint",
+    "OutOfMemoryReport",
     "PredictionWriter",
     "StageTimer",
     "TestReport",
+    "is_out_of_memory",
     "load_weights",
     "read_checkpoint",
 ]
