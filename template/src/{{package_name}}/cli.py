@@ -27,6 +27,7 @@ from lightning.pytorch.callbacks import (
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.plugins import CheckpointIO
+from lightning.pytorch.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
@@ -271,6 +272,12 @@ class CLI(LightningCLI):
         plugins = configured if isinstance(configured, list) else [configured]
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
             plugins = [*plugins, AtomicCheckpointIO()]
+        if SLURMEnvironment.detect() and not any(
+            isinstance(plugin, ClusterEnvironment) for plugin in plugins
+        ):
+            # scripts/slurm/train.sbatch requeues the job and SIGTERM saves last.ckpt; Lightning's own
+            # requeueing would also save a mid-step checkpoint that resuming does not use.
+            plugins = [*plugins, SLURMEnvironment(auto_requeue=False)]
         try:
             return super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
         except MisconfigurationException as error:

@@ -9,6 +9,8 @@
 
 import os
 import random
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,18 @@ class LastCheckpoint(Checkpoint):
     @property
     def path(self) -> Path:
         return Path(self.dirpath or ".") / "last.ckpt"
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Lightning's own SIGTERM handler broadcasts to the other processes from inside the
+        # handler, which deadlocks DDP when every process is signalled at once, as Slurm and
+        # torchrun do. Noting the signal is enough: after every step the training loop shares
+        # rank 0's note with all processes, and they stop together. Lightning puts the handler
+        # it replaced back when the run ends.
+        def note_sigterm(*_: Any) -> None:
+            trainer._signal_connector.received_sigterm = True
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, note_sigterm)
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int

@@ -1,0 +1,211 @@
+"""The generated `scripts/slurm/train.sbatch` under a real Slurm: one node on this machine, with
+munge, slurmctld and slurmd started in a temporary directory and stopped at the end.
+
+A job is requeued the way a time limit does it (USR1 to the batch script, which requeues), and its
+two-process DDP training resumes from last.ckpt to the same weights as a job never interrupted.
+Needs root and Debian's slurmctld, slurmd, slurm-client and munge; `.ci/run` installs them and
+sets REQUIRE_SLURM=1, which turns a missing Slurm from a skip into a failure.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import copy_template, install
+
+pytestmark = pytest.mark.slow
+
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinfo")
+SLURM_CONF = """\
+ClusterName=local
+SlurmctldHost={host}
+SlurmctldPort={port}
+SlurmdPort={port_d}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={root}/munge.socket
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={root}/ctld
+SlurmdSpoolDir={root}/d
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+NodeName={host} CPUs=2 RealMemory=4000 State=UNKNOWN
+PartitionName=local Nodes={host} Default=YES MaxTime=INFINITE State=UP
+"""
+# Two tasks (DDP over gloo) on the two CPUs; the GPU line of the script is overridden.
+SBATCH = ["sbatch", "--parsable", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0"]
+TRAINING = [
+    "--config=configs/trainer/ddp_cpu.yaml",
+    "--trainer.max_epochs=3",
+    "--trainer.enable_progress_bar=false",
+    "--last_checkpoint.every_n_train_steps=5",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_for(condition, what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(1)
+
+
+def _stop(pid_file: Path) -> None:
+    if pid_file.exists():
+        pid = int(pid_file.read_text())
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        for _ in range(50):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """The environment in which sbatch, scontrol and scancel talk to a one-node cluster on this machine."""
+    missing = [name for name in DAEMONS if shutil.which(name) is None]
+    if missing or os.geteuid() != 0:
+        reason = f"needs root and Slurm with munge (missing: {', '.join(missing) or 'root'})"
+        if os.environ.get("REQUIRE_SLURM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    # Short, since munge's socket path must fit in a Unix socket address.
+    root = Path(tmp_path_factory.mktemp("slurm"))
+    for name in ("ctld", "d"):
+        (root / name).mkdir()
+    root.chmod(0o755)
+    key = root / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    subprocess.run(
+        [
+            "munged",
+            "--force",
+            f"--key-file={key}",
+            f"--socket={root / 'munge.socket'}",
+            f"--pid-file={root / 'munged.pid'}",
+            f"--log-file={root / 'munged.log'}",
+            f"--seed-file={root / 'munged.seed'}",
+        ],
+        check=True,
+    )
+    host = socket.gethostname().split(".")[0]
+    conf = root / "slurm.conf"
+    conf.write_text(SLURM_CONF.format(host=host, port=_free_port(), port_d=_free_port(), root=root))
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "SLURM_"))}
+    env.update(SLURM_CONF=str(conf), PYTHON=sys.executable, WANDB_SILENT="true")
+    try:
+        subprocess.run(["slurmctld", "-f", str(conf)], check=True, env=env)
+        subprocess.run(["slurmd", "-f", str(conf)], check=True, env=env)
+
+        def node_idle() -> bool:
+            states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=env)
+            return states.stdout.strip() == "idle"
+
+        _wait_for(node_idle, "the node to come up", timeout=60)
+        yield env
+    finally:
+        for daemon in ("slurmd", "slurmctld", "munged"):
+            _stop(root / f"{daemon}.pid")
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    destination = copy_template(tmp_path_factory.mktemp("slurm-project") / "project", loggers=["csv"])
+    install(destination)
+    return destination
+
+
+def _job(job_id: str, env: dict) -> dict[str, str]:
+    """The job's fields as `scontrol show job` prints them (JobState, Restarts, ExitCode, ...)."""
+    shown = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, env=env, check=True
+    )
+    return dict(field.split("=", 1) for field in shown.stdout.split() if "=" in field)
+
+
+def _submit(project: Path, env: dict, *args: str) -> str:
+    submitted = subprocess.run(
+        [*SBATCH, "scripts/slurm/train.sbatch", *args], cwd=project, env=env, capture_output=True, text=True
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    return submitted.stdout.strip().split(";")[0]
+
+
+def _finished(job_id: str, env: dict) -> dict[str, str]:
+    _wait_for(lambda: _job(job_id, env)["JobState"] not in ("PENDING", "RUNNING", "COMPLETING"), "the job")
+    return _job(job_id, env)
+
+
+def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+
+
+def _step(checkpoint: Path) -> int:
+    return torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"]
+
+
+def test_requeued_job_resumes_to_the_weights_of_an_uninterrupted_one(slurm, project):
+    reference = _submit(project, slurm, *TRAINING)
+    job = _finished(reference, slurm)
+    output = (project / "checkpoints" / f"slurm-{reference}.out").read_text()
+    assert job["JobState"] == "COMPLETED", output[-3000:]
+    reference_run = project / "checkpoints" / f"slurm-{reference}"
+
+    interrupted = _submit(project, slurm, *TRAINING)
+    run = project / "checkpoints" / f"slurm-{interrupted}"
+    _wait_for(lambda: (run / "last.ckpt").exists(), "the first last.ckpt")
+    # What Slurm does before the time limit (--signal=B:USR1@...): USR1 to the batch script.
+    subprocess.run(["scancel", "--signal=USR1", "--batch", interrupted], env=slurm, check=True)
+    _wait_for(lambda: _job(interrupted, slurm)["Restarts"] == "1", "the requeue")
+    # A requeued job waits two minutes before it may start again; let it start now.
+    _wait_for(lambda: _job(interrupted, slurm)["JobState"] == "PENDING", "the job to be pending")
+    stopped_at = _step(run / "last.ckpt")
+    subprocess.run(["scontrol", "update", f"JobId={interrupted}", "StartTime=now"], env=slurm, check=True)
+    job = _finished(interrupted, slurm)
+    output = (project / "checkpoints" / f"slurm-{interrupted}.out").read_text()
+    assert job["JobState"] == "COMPLETED", output[-3000:]
+
+    # The first start saved on SIGTERM and exited as terminated; the second resumed its run.
+    assert "time limit near: requeueing" in output
+    assert "training exited with status 143" in output, output[-3000:]
+    assert f"job {interrupted} start 1: run slurm-{interrupted}" in output
+    assert len(list(run.rglob("config-resumed-*.yaml"))) == 1
+    records = [json.loads(line) for line in (project / "experiments.jsonl").read_text().splitlines()]
+    assert [record["run_name"] for record in records] == [f"slurm-{reference}", f"slurm-{interrupted}"]
+
+    expected, resumed = _weights(reference_run / "last.ckpt"), _weights(run / "last.ckpt")
+    assert expected.keys() == resumed.keys()
+    assert all(torch.equal(expected[name], resumed[name]) for name in expected)
+    assert 0 < stopped_at < _step(reference_run / "last.ckpt") == _step(run / "last.ckpt")
