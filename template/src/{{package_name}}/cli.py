@@ -112,8 +112,8 @@ class CLI(LightningCLI):
             "--device_stats",
             type=bool,
             default=False,
-            help="Log the device's memory statistics (CPU use and RAM on CPU) to the loggers during fit; "
-            "configs/trainer/device_stats.yaml sets it.",
+            help="Log device statistics (the GPU's memory; CPU and RAM use on CPU) with Lightning's "
+            "DeviceStatsMonitor; configs/trainer/device_stats.yaml sets it.",
         )
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
