@@ -20,7 +20,7 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 class OutOfMemoryReport(Callback):
     """When a run runs out of memory, prints (and writes to ``out-of-memory.txt`` in the run
-    directory) the stage and batch that failed, the peak memory, the allocator's summary on a GPU,
+    directory, ``out-of-memory-rank<N>.txt`` under DDP) the stage and batch that failed, the peak memory, the allocator's summary on a GPU,
     and what to change, with this run's values. During ``fit`` on one process it also saves the
     weights as they were to ``out-of-memory.ckpt``, for a new run to start from with ``--weights``;
     ``last.ckpt`` stays the state to resume exactly. The CLI then exits with status 1.
@@ -41,10 +41,14 @@ class OutOfMemoryReport(Callback):
                 f"Saved {saved}: the weights when memory ran out; start a new run from them with "
                 f"--weights {saved}. {directory / 'last.ckpt'} stays the state to resume exactly."
             )
+        # Under DDP, each process that runs out reports for itself.
+        path = directory / (
+            "out-of-memory.txt" if trainer.world_size == 1 else f"out-of-memory-rank{trainer.global_rank}.txt"
+        )
         directory.mkdir(parents=True, exist_ok=True)
-        lines.append(f"This report: {directory / 'out-of-memory.txt'}")
+        lines.append(f"This report: {path}")
         report = "\n".join(lines)
-        (directory / "out-of-memory.txt").write_text(report + "\n")
+        path.write_text(report + "\n")
         print(report, file=sys.stderr)
 
 
