@@ -20,10 +20,11 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 class OutOfMemoryReport(Callback):
     """When a run runs out of memory, prints (and writes to ``out-of-memory.txt`` in the run
-    directory, ``out-of-memory-rank<N>.txt`` under DDP) the stage and batch that failed, the peak memory, the allocator's summary on a GPU,
-    and what to change, with this run's values. During ``fit`` on one process it also saves the
-    weights as they were to ``out-of-memory.ckpt``, for a new run to start from with ``--weights``;
-    ``last.ckpt`` stays the state to resume exactly. The CLI then exits with status 1.
+    directory, ``out-of-memory-rank<N>.txt`` under DDP) the stage and batch that failed, the peak
+    memory, the allocator's summary on a GPU, and what to change, with this run's values. During
+    ``fit`` on one process it also saves the weights as they were to ``out-of-memory.ckpt``, for
+    a new run to start from with ``--weights``; ``last.ckpt`` stays the state to resume exactly.
+    The CLI then exits with status 1.
     """
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
