@@ -51,11 +51,13 @@ JobCompType=jobcomp/none
 NodeName={host} CPUs=2 RealMemory=4000 State=UNKNOWN
 PartitionName=local Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """
-# Two tasks (DDP over gloo) on the two CPUs; the GPU line of the script is overridden.
+# Two tasks (DDP over gloo) on the two CPUs; the GPU line of the script is overridden. About 400
+# steps, several seconds of training, so that the signal comes mid-run.
 SBATCH = ["sbatch", "--parsable", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0"]
 TRAINING = [
     "--config=configs/trainer/ddp_cpu.yaml",
-    "--trainer.max_epochs=3",
+    "--trainer.max_epochs=20",
+    "--data.batch_size=32",
     "--trainer.enable_progress_bar=false",
     "--last_checkpoint.every_n_train_steps=5",
 ]
@@ -72,7 +74,7 @@ def _wait_for(condition, what: str, timeout: float = 180) -> None:
     while not condition():
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(1)
+        time.sleep(0.2)
 
 
 def _stop(pid_file: Path) -> None:
