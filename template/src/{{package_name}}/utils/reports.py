@@ -30,7 +30,7 @@ class TestReport(Callback):
     gathered over all processes under DDP; only global rank 0 writes.
     """
 
-    __test__ = False  # not a test class, whatever pytest makes of the name
+    __test__ = False  # tells pytest that this is not a test class, despite its name
 
     def __init__(self) -> None:
         self.metrics: MetricCollection | None = None
@@ -74,7 +74,7 @@ class TestReport(Callback):
 
 def write_report(directory: Path, results: dict[str, torch.Tensor]) -> dict[str, Path]:
     """Write the CSV and PNG files; return the images by name."""
-    from matplotlib.figure import Figure  # imported here: it adds a second to every start-up
+    from matplotlib.figure import Figure  # only a test report draws, so only it imports matplotlib
 
     confusion = results["confusion_matrix"]
     classes = range(len(confusion))
