@@ -8,9 +8,13 @@ import numpy as np
 import torch
 from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveFloat, PositiveInt
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_warn
 from sklearn.model_selection import train_test_split
+from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
+
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
 class EpochSampler(DistributedSampler):
@@ -40,6 +44,8 @@ class ArrayDataModule(LightningDataModule):
             process; raise it for datasets that decode or augment in ``__getitem__``.
         pin_memory: page-locked host memory for faster copies to a GPU; by default on exactly
             when training on a GPU.
+        drop_last: leave out each epoch's last, incomplete training batch (the samples left out
+            change from epoch to epoch, as the order does).
     """
 
     def __init__(
@@ -51,6 +57,7 @@ class ArrayDataModule(LightningDataModule):
         subset: PositiveFloat | None = None,
         num_workers: NonNegativeInt = 0,
         pin_memory: bool | None = None,
+        drop_last: bool = False,
     ) -> None:
         super().__init__()
         if subset is not None and subset > 1 and not float(subset).is_integer():
@@ -94,10 +101,38 @@ class ArrayDataModule(LightningDataModule):
         for name, split in {"train": train, "val": val, "test": test}.items():
             kept = split[: self._subset_size(len(split))]
             self.splits[name] = TensorDataset(features[kept], labels[kept])
-        if self.batch_size > len(self.splits["train"]):
+        self._check_batch_size()
+
+    def _check_batch_size(self) -> None:
+        """Refuse a batch size that leaves a process nothing to train on, or a last batch of one
+        sample that BatchNorm cannot train on; warn when the batches of an epoch do not fill the
+        last gradient-accumulation window.
+        """
+        processes = self.trainer.world_size if self.trainer else 1
+        samples = math.ceil(len(self.splits["train"]) / processes)  # the sampler pads to equal shares
+        on_each = f" on each of the {processes} processes" if processes > 1 else ""
+        if self.batch_size > samples:
             raise ValueError(
-                f"data.batch_size={self.batch_size} is larger than the {len(self.splits['train'])} "
-                "training samples; lower the batch size or enlarge data.subset"
+                f"data.batch_size={self.batch_size} is larger than the {samples} training samples"
+                f"{on_each}; lower the batch size or enlarge data.subset"
+            )
+        last = 0 if self.hparams.drop_last else samples % self.batch_size
+        model = self.trainer.lightning_module if self.trainer else None
+        batch_norm = model is not None and any(isinstance(layer, BATCH_NORMS) for layer in model.modules())
+        if last == 1 and batch_norm:
+            raise ValueError(
+                f"data.batch_size={self.batch_size} leaves a last training batch of 1 sample{on_each} "
+                f"({samples} samples), on which BatchNorm cannot train; choose another batch size "
+                "or set data.drop_last=true"
+            )
+        batches = samples // self.batch_size + (last > 0)
+        accumulate = self.trainer.accumulate_grad_batches if self.trainer else 1
+        if batches % accumulate:
+            rank_zero_warn(
+                f"{batches} training batches per epoch{on_each} is not a multiple of "
+                f"trainer.accumulate_grad_batches={accumulate}: the last optimizer step of each epoch "
+                f"sums {batches % accumulate} batches, so its gradient is {batches % accumulate}/"
+                f"{accumulate} of a full one"
             )
 
     def _subset_size(self, size: int) -> int:
@@ -138,6 +173,7 @@ class ArrayDataModule(LightningDataModule):
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
+            drop_last=shuffle and self.hparams.drop_last,
             num_workers=self.hparams.num_workers,
             pin_memory=pin_memory,
             persistent_workers=self.hparams.num_workers > 0,
