@@ -1,5 +1,6 @@
 # make demo: set up, generate a demo project and train it, printing the result.
 # make test: set up and run the template's test suite.
+# make bench: set up, then time the generated project's training against a hand-written loop.
 # make docs: build the documentation site into site/ (any warning fails).
 PYTHON ?= python3
 VENV ?= .venv
@@ -7,7 +8,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch, installed before everything else so that no CUDA build is pulled in.
 TORCH ?= torch==2.13.0
 
-.PHONY: setup test test-fast demo docs lint clean
+.PHONY: setup test test-fast demo docs bench lint clean
 
 setup: $(VENV)/.installed
 
@@ -36,6 +37,9 @@ demo: setup
 
 docs: setup
 	$(BIN)/mkdocs build --strict
+
+bench: setup
+	$(BIN)/python bench/run.py
 
 lint: setup
 	$(BIN)/ruff check tests

@@ -18,12 +18,7 @@ from typing import Any
 import torch
 from jsonargparse import Namespace
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import (
-    DeviceStatsMonitor,
-    LearningRateMonitor,
-    ModelCheckpoint,
-    RichProgressBar,
-)
+from lightning.pytorch.callbacks import DeviceStatsMonitor, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.plugins import CheckpointIO
@@ -37,6 +32,7 @@ from .utils import (
     LastCheckpoint,
     OutOfMemoryReport,
     PredictionWriter,
+    ProgressBar,
     StageTimer,
     TestReport,
     is_out_of_memory,
@@ -265,7 +261,7 @@ class CLI(LightningCLI):
                 self.parser.error("device_stats needs a logger to write to; trainer.logger is off")
             callbacks.append(DeviceStatsMonitor())
         if trainer.get("enable_progress_bar") is not False:
-            callbacks.append(RichProgressBar())
+            callbacks.append(ProgressBar())
         if trainer.get("logger"):
             callbacks.append(LearningRateMonitor(logging_interval="step"))
         configured = trainer.get("plugins") or []

@@ -10,8 +10,8 @@ from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveFloat,
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_warn
 from sklearn.model_selection import train_test_split
-from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset, default_convert
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
@@ -24,6 +24,17 @@ class EpochSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         yield from super().__iter__()
+
+
+class TensorBatches(TensorDataset):
+    """A ``TensorDataset`` that serves a batch by indexing each tensor once, rather than one
+    sample at a time followed by stacking the samples (the loader's ``collate_fn`` is then
+    ``default_convert``, which leaves the batch as it is).
+    """
+
+    def __getitems__(self, indices: list[int]) -> tuple[Tensor, ...]:
+        index = torch.as_tensor(indices)
+        return tuple(tensor[index] for tensor in self.tensors)
 
 
 class ArrayDataModule(LightningDataModule):
@@ -71,7 +82,7 @@ class ArrayDataModule(LightningDataModule):
             )
         self.save_hyperparameters()
         self.batch_size = batch_size
-        self.splits: dict[str, TensorDataset] = {}
+        self.splits: dict[str, TensorBatches] = {}
         self.num_classes: int | None = None
 
     def load_arrays(self) -> tuple[np.ndarray, np.ndarray]:
@@ -100,7 +111,7 @@ class ArrayDataModule(LightningDataModule):
         features, labels = torch.as_tensor(features), torch.as_tensor(labels)
         for name, split in {"train": train, "val": val, "test": test}.items():
             kept = split[: self._subset_size(len(split))]
-            self.splits[name] = TensorDataset(features[kept], labels[kept])
+            self.splits[name] = TensorBatches(features[kept], labels[kept])
         self._check_batch_size()
 
     def _check_batch_size(self) -> None:
@@ -174,6 +185,7 @@ class ArrayDataModule(LightningDataModule):
             batch_size=self.batch_size,
             sampler=sampler,
             drop_last=shuffle and self.hparams.drop_last,
+            collate_fn=default_convert,
             num_workers=self.hparams.num_workers,
             pin_memory=pin_memory,
             persistent_workers=self.hparams.num_workers > 0,

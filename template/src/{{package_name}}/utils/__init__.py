@@ -4,6 +4,7 @@ out-of-memory triage."""
 from .checkpointing import AtomicCheckpointIO, LastCheckpoint, load_weights, read_checkpoint
 from .memory import OutOfMemoryReport, is_out_of_memory
 from .predictions import PredictionWriter
+from .progress import ProgressBar
 from .record import ExperimentRecord
 from .reports import TestReport
 from .timing import StageTimer
@@ -14,6 +15,7 @@ __all__ = [
     "LastCheckpoint",
     "OutOfMemoryReport",
     "PredictionWriter",
+    "ProgressBar",
     "StageTimer",
     "TestReport",
     "is_out_of_memory",

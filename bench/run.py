@@ -1,0 +1,267 @@
+"""Benchmark: the generated project's training loop against a hand-written PyTorch loop.
+
+Generates a project from this template (default answers), then, for each configuration,
+alternately runs ``python -m bench_proj fit`` (under a pseudo-terminal, so the progress bar draws
+as it does for a user) and ``hand.py``, the same training written by hand, several times. Times
+are measured inside each process (``clock.py`` in the Lightning run): steady-state training from
+the end of the first optimizer step to the end of the last one, validation excluded; start-up
+from the process start to the end of the first optimizer step. Prints medians, then, as the last
+line, ``overhead_ratio=<lightning/hand>`` of steady-state time per step on the default config.
+
+Both sides run torch on ``--threads`` threads (default 1): on a machine that other processes
+also use, two threads that wait on each other at every operation make the time of a step swing
+tenfold and more with the load (measured here), which would drown the difference being measured.
+
+    python bench/run.py [--reps 5] [--configs default,small_batch,compile] [--threads 1] [--keep DIR]
+"""
+
+import argparse
+import fcntl
+import json
+import os
+import pty
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import termios
+import threading
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+TEMPLATE = BENCH.parent
+PACKAGE = "bench_proj"
+
+# name: (extra CLI arguments, batch size, max_epochs, torch.compile, repetitions)
+CONFIGS = {
+    "default": ([], 64, 30, False, None),
+    "small_batch": (["--data.init_args.batch_size=16", "--trainer.max_epochs=4"], 16, 4, False, 3),
+    "compile": (["--model.init_args.compile=true"], 64, 30, True, 2),
+}
+
+
+def generate(directory: Path, ref: str) -> Path:
+    project = directory / PACKAGE
+    subprocess.run(
+        [
+            Path(sys.executable).parent / "copier",
+            "copy",
+            "--quiet",
+            "--defaults",
+            f"--vcs-ref={ref}",
+            "--data",
+            f"project_name={PACKAGE}",
+            str(TEMPLATE),
+            str(project),
+        ],
+        check=True,
+    )
+    return project
+
+
+def run_in_terminal(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> None:
+    """Run with stdout and stderr on a 120-column pseudo-terminal, as in an interactive shell; keep the
+    output."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # 40 rows, 120 columns
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(leader, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    process = subprocess.Popen(
+        command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower
+    )
+    os.close(follower)
+    code = process.wait()
+    reader.join(timeout=5)
+    os.close(leader)
+    log.write_bytes(b"".join(chunks))
+    if code:
+        sys.exit(f"{' '.join(command)} failed with exit code {code}; output in {log}")
+
+
+def timed_run(command: list[str], cwd: Path, env: dict[str, str], out: Path, terminal: bool) -> dict:
+    env = {**env, "BENCH_T0": repr(time.time())}
+    started = time.time()
+    log = out.with_suffix(".log")
+    if terminal:
+        run_in_terminal(command, cwd, env, log)
+    else:
+        with log.open("wb") as file:
+            if subprocess.run(command, cwd=cwd, env=env, stdout=file, stderr=subprocess.STDOUT).returncode:
+                sys.exit(f"{' '.join(command)} failed; output in {log}")
+    result = json.loads(out.read_text())
+    result["startup_s"] = result["first_step_wall"] - started
+    result["step_ms"] = 1000 * result["train_s"] / (result["steps"] - 1)
+    result["interval_ms"] = 1000 * median(result["intervals_s"])
+    result["boundary_ms"] = 1000 * median(result["boundaries_s"]) if result["boundaries_s"] else 0.0
+    return result
+
+
+def import_time(module: str, env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", f"import {module}"], env=env, check=True)
+    return time.perf_counter() - started
+
+
+def median(values) -> float:
+    return statistics.median(values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--reps", type=int, default=5, help="runs of each side per configuration")
+    parser.add_argument(
+        "--configs", default=",".join(CONFIGS), help="comma-separated, from: " + ", ".join(CONFIGS)
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each run (OMP_NUM_THREADS)")
+    parser.add_argument("--template", default="HEAD", help="the template's git ref (HEAD: the working tree)")
+    parser.add_argument("--keep", type=Path, help="work in this directory and keep it")
+    args = parser.parse_args()
+    names = args.configs.split(",")
+    for name in names:
+        if name not in CONFIGS:
+            parser.error(f"unknown configuration {name!r}; choose from {', '.join(CONFIGS)}")
+
+    workdir = args.keep or Path(tempfile.mkdtemp(prefix="bench-"))
+    if args.keep and workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    project = generate(workdir, args.template)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(project / "src"), str(BENCH)]),
+        "WANDB_SILENT": "true",
+        "COLUMNS": "120",
+        "LINES": "40",
+        "OMP_NUM_THREADS": str(args.threads),
+    }
+    env.pop("BENCH_INIT", None)
+    print(
+        f"project generated in {project}; {os.cpu_count()} CPUs, torch threads: {args.threads}, "
+        f"load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+
+    rows, imports = {}, {"torch": [], "lightning": []}
+    for name in names:
+        extra, batch_size, max_epochs, compiled, reps = CONFIGS[name]
+        reps = reps or args.reps
+        init = workdir / f"{name}-init.pt"
+        results: dict[str, list[dict]] = {"lightning": [], "hand": []}
+        steps = None
+        for rep in range(reps):
+            sides = ["lightning", "hand"] if rep % 2 == 0 else ["hand", "lightning"]
+            for side in sides:
+                if side == "hand" and steps is None:
+                    continue  # the hand loop needs the first Lightning run's initial weights and steps
+                out = workdir / f"{name}-{side}-{rep}.json"
+                if side == "lightning":
+                    clock = json.dumps({"class_path": "clock.BenchClock", "init_args": {"out": str(out)}})
+                    command = [
+                        sys.executable,
+                        "-m",
+                        PACKAGE,
+                        "fit",
+                        f"--run_name={name}-{rep}",
+                        f"--trainer.callbacks+={clock}",
+                        *extra,
+                    ]
+                    result = timed_run(command, project, {**env, "BENCH_INIT": str(init)}, out, terminal=True)
+                    steps = steps or result["steps"]
+                else:
+                    command = [
+                        sys.executable,
+                        str(BENCH / "hand.py"),
+                        f"--package={PACKAGE}",
+                        f"--init={init}",
+                        f"--steps={steps}",
+                        f"--max-epochs={max_epochs}",
+                        f"--batch-size={batch_size}",
+                        f"--workdir={workdir / f'{name}-hand-{rep}'}",
+                        f"--out={out}",
+                    ]
+                    command += ["--compile"] if compiled else []
+                    result = timed_run(command, project, env, out, terminal=False)
+                results[side].append(result)
+                print(
+                    f"  {name} {side:9s} run {rep + 1}/{reps}: {result['step_ms']:.3f} ms/step "
+                    f"({result['interval_ms']:.3f} in an epoch, {result['boundary_ms']:.1f} at epoch ends), "
+                    f"start-up {result['startup_s']:.2f} s, {result['steps']} steps, "
+                    f"val/acc {result['val_acc']:.3f}",
+                    flush=True,
+                )
+        for module in imports:
+            imports[module].append(import_time(module, env))
+        rows[name] = results
+
+    print()
+    print(
+        "ms/step: steady-state training time per step, epoch ends included, validation excluded;\n"
+        "step ms: one step inside an epoch; epoch end ms: from an epoch's last step to the end of the\n"
+        "next one's first, validation excluded (checkpoints, epoch metrics, loggers, a step).\n"
+    )
+    print(
+        f"{'configuration':14s} {'side':10s} {'ms/step':>9s} {'step ms':>8s} {'epoch end ms':>12s} "
+        f"{'train s':>8s} {'start-up s':>10s} {'val epoch ms':>12s} {'peak RSS MB':>11s} {'val/acc':>8s} "
+        f"{'runs':>5s}"
+    )
+    for name, results in rows.items():
+        for side, runs in results.items():
+            print(
+                f"{name:14s} {side:10s} {median(r['step_ms'] for r in runs):9.3f} "
+                f"{median(r['interval_ms'] for r in runs):8.3f} "
+                f"{median(r['boundary_ms'] for r in runs):12.2f} "
+                f"{median(r['train_s'] for r in runs):8.2f} {median(r['startup_s'] for r in runs):10.2f} "
+                f"{1000 * median(t for r in runs for t in r['val_epoch_s']):12.2f} "
+                f"{median(r['peak_rss_mb'] for r in runs):11.0f} {median(r['val_acc'] for r in runs):8.4f} "
+                f"{len(runs):5d}"
+            )
+    print("\ndata loading, one process (bench/loader.py):", flush=True)
+    subprocess.run(
+        [sys.executable, str(BENCH / "loader.py"), f"--package={PACKAGE}"], cwd=project, env=env, check=True
+    )
+    lightning_import = median(imports["lightning"])
+    print(
+        f"\nimport torch: {median(imports['torch']):.2f} s, import lightning: {lightning_import:.2f} s "
+        f"(medians of {len(imports['lightning'])} runs)"
+    )
+    ratios = {}
+    for name, results in rows.items():
+        ratio = median(r["step_ms"] for r in results["lightning"]) / median(
+            r["step_ms"] for r in results["hand"]
+        )
+        ratios[name] = ratio
+        per_run = ", ".join(
+            f"{lr['step_ms'] / hr['step_ms']:.2f}"
+            for lr, hr in zip(results["lightning"], results["hand"], strict=False)
+        )
+        startup = median(r["startup_s"] for r in results["lightning"]) - lightning_import
+        print(
+            f"{name}: lightning/hand time per step {ratio:.2f} (per run pair: {per_run}); "
+            f"start-up beyond import lightning {startup:+.2f} s"
+        )
+    if not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    if "default" in ratios:
+        print(f"overhead_ratio={ratios['default']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
