@@ -12,7 +12,8 @@ Both sides run torch on ``--threads`` threads (default 1): on a machine that oth
 also use, two threads that wait on each other at every operation make the time of a step swing
 tenfold and more with the load (measured here), which would drown the difference being measured.
 
-    python bench/run.py [--reps 5] [--configs default,small_batch,compile] [--threads 1] [--keep DIR]
+    python bench/run.py [--reps 5] [--configs default,no_logger,small_batch,compile] [--threads 1]
+        [--template GIT_REF] [--keep DIR]
 """
 
 import argparse
@@ -38,8 +39,9 @@ PACKAGE = "bench_proj"
 # name: (extra CLI arguments, batch size, max_epochs, torch.compile, repetitions)
 CONFIGS = {
     "default": ([], 64, 30, False, None),
-    "small_batch": (["--data.init_args.batch_size=16", "--trainer.max_epochs=4"], 16, 4, False, 3),
-    "compile": (["--model.init_args.compile=true"], 64, 30, True, 2),
+    "no_logger": (["--trainer.logger=false"], 64, 30, False, 3),
+    "small_batch": (["--data.init_args.batch_size=16", "--trainer.max_epochs=4"], 16, 4, False, None),
+    "compile": (["--model.init_args.compile=true"], 64, 30, True, 3),
 }
 
 

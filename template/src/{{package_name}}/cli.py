@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from jsonargparse import Namespace
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import DeviceStatsMonitor, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import DeviceStatsMonitor, ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.plugins import CheckpointIO
@@ -262,8 +262,6 @@ class CLI(LightningCLI):
             callbacks.append(DeviceStatsMonitor())
         if trainer.get("enable_progress_bar") is not False:
             callbacks.append(ProgressBar())
-        if trainer.get("logger"):
-            callbacks.append(LearningRateMonitor(logging_interval="step"))
         configured = trainer.get("plugins") or []
         plugins = configured if isinstance(configured, list) else [configured]
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):

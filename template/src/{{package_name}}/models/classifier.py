@@ -151,9 +151,11 @@ class Classifier(LightningModule):
         metrics.reset()
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        # The norm before clipping, computed only on the steps the loggers write.
+        # The norm before clipping, and the learning rate this step uses, on the steps the loggers
+        # write (logged with the other values, which costs a logger such as wandb one call, not two).
         if self._logs_this_step():
             self.log("train/grad_norm", grad_norm(self, norm_type=2)["grad_2.0_norm_total"])
+            self.log("train/lr", optimizer.param_groups[0]["lr"])
 
     def on_train_start(self) -> None:
         # The schedule's length is read here rather than in configure_optimizers: asking for it
