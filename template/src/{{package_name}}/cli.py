@@ -163,8 +163,10 @@ class CLI(LightningCLI):
                 "from its weights with --weights"
             )
 
-    def _config(self) -> Namespace:
-        return self.config[self.subcommand] if self.subcommand else self.config
+    def _config(self, config: Namespace | None = None) -> Namespace:
+        """This subcommand's part of a config: the parsed one, or ``config_init``'s objects."""
+        config = self.config if config is None else config
+        return config[self.subcommand] if self.subcommand else config
 
     def before_instantiate_classes(self) -> None:
         config = self._config()
@@ -246,7 +248,7 @@ class CLI(LightningCLI):
                 self.parser.error(f"--weights: {error}")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        config, trainer = self._config(), self._config_init()["trainer"]
+        config, trainer = self._config(), self._config(self.config_init)["trainer"]
         configured = trainer.get("callbacks") or []
         callbacks = [
             *(configured if isinstance(configured, list) else [configured]),
@@ -285,9 +287,6 @@ class CLI(LightningCLI):
                 logger.experiment.finish()
 
     after_validate = after_test = after_predict = after_fit
-
-    def _config_init(self) -> Namespace:
-        return self.config_init[self.subcommand] if self.subcommand else self.config_init
 
     def _summary(self, config: Namespace) -> dict[str, Any]:
         """What the experiment record says about the run besides its results."""
