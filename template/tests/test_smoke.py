@@ -62,8 +62,19 @@ def test_a_run_name_in_use_is_refused_and_its_files_kept(run, capsys, tmp_path):
     before = {path.name: path.stat().st_mtime_ns for path in run_dir.iterdir()}
     with pytest.raises(SystemExit):
         run("fit", "--run_name=taken")
-    assert "checkpoints/taken already holds a run" in capsys.readouterr().err
+    assert "checkpoints/taken already holds a run: resume it with --ckpt_path" in capsys.readouterr().err
     assert {path.name: path.stat().st_mtime_ns for path in run_dir.iterdir()} == before
+
+
+def test_a_run_that_failed_before_its_first_checkpoint_is_not_offered_for_resuming(run, capsys, tmp_path):
+    run_dir = tmp_path / "checkpoints" / "failed"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("seed_everything: 42\n")
+    with pytest.raises(SystemExit):
+        run("fit", "--run_name=failed")
+    error = capsys.readouterr().err
+    assert "checkpoints/failed already holds a run that saved no checkpoint; choose another" in error
+    assert "--ckpt_path" not in error
 
 
 def test_last_checkpoint_is_the_end_of_the_latest_epoch(run, tmp_path):

@@ -233,11 +233,25 @@ class CLI(LightningCLI):
         run_dir = RUNS_DIR / config.run_name
         in_use = run_dir.is_dir() and any(run_dir.iterdir())
         if self.subcommand and in_use and not resumed and rank_zero_only.rank == 0:
+            last = run_dir / "last.ckpt"
+            held = "a run that saved no checkpoint"
+            if last.is_file():
+                held = f"a run: resume it with --ckpt_path {last}"
             self.parser.error(
-                f"{run_dir} already holds a run: resume it with --ckpt_path {run_dir / 'last.ckpt'}, "
-                "choose another --run_name, or delete that directory"
+                f"{run_dir} already holds {held}; choose another --run_name, or delete that directory"
             )
         return run_dir, resumed
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as error:
+            # jsonargparse reports a constructor's error inside a list of the types it tried;
+            # show the constructor's own message, which names the key.
+            cause = error.__cause__
+            if not isinstance(cause, ValueError | KeyError | FileNotFoundError) or not cause.args:
+                raise
+            self.parser.error(str(cause.args[0]))
 
     def after_instantiate_classes(self) -> None:
         weights = self._config().get("weights")
