@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveFloat, PositiveInt
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_warn
 from sklearn.model_selection import train_test_split
 from torch import Tensor, nn
@@ -179,8 +180,13 @@ class ArrayDataModule(LightningDataModule):
         # Together they let a resumed run see the same batches as one that never stopped.
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         replicas, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-        sampler = EpochSampler(dataset, num_replicas=replicas, rank=rank, shuffle=shuffle, seed=seed)
-        sampler.set_epoch(self.trainer.current_epoch if self.trainer else 0)
+        if shuffle:
+            sampler = EpochSampler(dataset, num_replicas=replicas, rank=rank, shuffle=True, seed=seed)
+            sampler.set_epoch(self.trainer.current_epoch if self.trainer else 0)
+        else:
+            # Each process evaluates every replicas-th sample, so each sample counts once in the
+            # metrics; DistributedSampler would repeat samples to give the processes equal shares.
+            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=replicas, rank=rank, shuffle=False)
         loader_class = StatefulDataLoader if shuffle else DataLoader
         return loader_class(
             dataset,
