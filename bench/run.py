@@ -143,7 +143,7 @@ def main() -> None:
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="bench-"))
     if args.keep and workdir.exists():
         shutil.rmtree(workdir)
-    workdir.mkdir(parents=True)
+    workdir.mkdir(parents=True, exist_ok=True)
     project = generate(workdir, args.template)
     env = {
         **os.environ,
