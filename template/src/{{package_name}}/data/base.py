@@ -62,6 +62,8 @@ class ArrayDataModule(LightningDataModule):
             change from epoch to epoch, as the order does).
     """
 
+    PREDICT_SPLIT = "test"
+
     def __init__(
         self,
         batch_size: PositiveInt = 64,
@@ -87,6 +89,8 @@ class ArrayDataModule(LightningDataModule):
         self.batch_size = batch_size
         self.splits: dict[str, TensorBatches] = {}
         self.num_classes: int | None = None
+        # Each split's samples as rows of load_arrays(), e.g. the rows of a data file.
+        self.rows: dict[str, np.ndarray] = {}
 
     def load_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Return all features (one row per sample) and integer class labels."""
@@ -115,6 +119,7 @@ class ArrayDataModule(LightningDataModule):
         for name, split in {"train": train, "val": val, "test": test}.items():
             kept = split[: self._subset_size(len(split))]
             self.splits[name] = TensorBatches(features[kept], labels[kept])
+            self.rows[name] = kept
         self._check_batch_size()
 
     def _check_batch_size(self) -> None:
@@ -167,7 +172,7 @@ class ArrayDataModule(LightningDataModule):
         return self._loader("test")
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader("test")
+        return self._loader(self.PREDICT_SPLIT)
 
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
         pin_memory = self.hparams.pin_memory

@@ -9,9 +9,14 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from ..data.base import ArrayDataModule
+
 
 class PredictionWriter(BasePredictionWriter):
-    """One row per sample, in dataset order: ``index, label, predicted, prob_0 .. prob_{C-1}``.
+    """One row per sample, in dataset order: ``index, row, label, predicted, prob_0 .. prob_{C-1}``.
+
+    ``index`` is the sample's position in the predicted split; ``row`` its row in the data the data
+    module loaded (for a data file, the file's row), when the data module is an ``ArrayDataModule``.
 
     ``label`` is the true class, present when the batches carry labels (``(inputs, labels)``);
     ``predicted`` is the most probable class. Under DDP each process writes its own share to
@@ -49,7 +54,11 @@ class PredictionWriter(BasePredictionWriter):
         path = Path(trainer.default_root_dir) / f"predictions{suffix}.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
         probabilities = torch.cat(list(predictions)).float()
-        columns: dict[str, list] = {"index": [index for batch in batch_indices[0] for index in batch]}
+        indices = [index for batch in batch_indices[0] for index in batch]
+        columns: dict[str, list] = {"index": indices}
+        datamodule = trainer.datamodule
+        if isinstance(datamodule, ArrayDataModule):
+            columns["row"] = datamodule.rows[datamodule.PREDICT_SPLIT][indices].tolist()
         if self._labels:
             columns["label"] = torch.cat(self._labels).tolist()
         columns["predicted"] = probabilities.argmax(dim=1).tolist()
