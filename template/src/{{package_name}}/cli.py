@@ -26,6 +26,7 @@ from lightning.pytorch.plugins.environments import ClusterEnvironment, SLURMEnvi
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
+from .errors import ConfigError
 from .utils import (
     AtomicCheckpointIO,
     ExperimentRecord,
@@ -343,6 +344,8 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
         parser_kwargs |= defaults
     try:
         return CLI(args=args, run=run, parser_kwargs=parser_kwargs, save_config_kwargs={"overwrite": False})
+    except ConfigError as error:
+        sys.exit(f"error: {error}")
     except SIGTERMException:
         # Stopped, with last.ckpt saved: exit as a terminated process does, not as a finished one.
         sys.exit(128 + signal.SIGTERM)

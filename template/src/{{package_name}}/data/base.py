@@ -15,6 +15,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset, default_convert
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from ..errors import ConfigError
+
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
@@ -131,7 +133,7 @@ class ArrayDataModule(LightningDataModule):
         samples = math.ceil(len(self.splits["train"]) / processes)  # the sampler pads to equal shares
         on_each = f" on each of the {processes} processes" if processes > 1 else ""
         if self.batch_size > samples:
-            raise ValueError(
+            raise ConfigError(
                 f"data.batch_size={self.batch_size} is larger than the {samples} training samples"
                 f"{on_each}; lower the batch size or enlarge data.subset"
             )
@@ -139,7 +141,7 @@ class ArrayDataModule(LightningDataModule):
         model = self.trainer.lightning_module if self.trainer else None
         batch_norm = model is not None and any(isinstance(layer, BATCH_NORMS) for layer in model.modules())
         if last == 1 and batch_norm:
-            raise ValueError(
+            raise ConfigError(
                 f"data.batch_size={self.batch_size} leaves a last training batch of 1 sample{on_each} "
                 f"({samples} samples), on which BatchNorm cannot train; choose another batch size "
                 "or set data.drop_last=true"

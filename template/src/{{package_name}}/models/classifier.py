@@ -16,6 +16,8 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
+from ..errors import ConfigError
+
 
 class Classifier(LightningModule):
     """Cross-entropy training with AdamW, linear warm-up then cosine decay, accuracy and macro-F1.
@@ -77,7 +79,7 @@ class Classifier(LightningModule):
     def setup(self, stage: str) -> None:
         classes = getattr(self.trainer.datamodule, "num_classes", None)
         if classes is not None and classes != self.hparams.num_classes:
-            raise ValueError(
+            raise ConfigError(
                 f"The data has {classes} classes but model.init_args.num_classes is "
                 f"{self.hparams.num_classes}; set --model.init_args.num_classes={classes}"
             )
@@ -165,7 +167,7 @@ class Classifier(LightningModule):
         for logger in self.loggers:
             logger.log_hyperparams({"effective_batch_size": self.effective_batch_size})
         if not math.isfinite(self.total_steps):
-            raise ValueError("The cosine schedule needs a finite run: set trainer.max_epochs or max_steps")
+            raise ConfigError("The cosine schedule needs a finite run: set trainer.max_epochs or max_steps")
         # A resumed run restores the rate its checkpoint ended on; take the current step's rate
         # from this run's schedule instead, which differs when max_epochs has changed.
         for config in self.trainer.lr_scheduler_configs:
