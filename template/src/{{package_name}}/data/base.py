@@ -101,7 +101,12 @@ class ArrayDataModule(LightningDataModule):
     def setup(self, stage: str) -> None:
         if self.splits:
             return
-        features, labels = self.load_arrays()
+        try:
+            features, labels = self.load_arrays()
+        except (KeyError, FileNotFoundError) as error:  # a missing file, array or column
+            # A KeyError's str() quotes its message.
+            message = error.args[0] if isinstance(error, KeyError) else str(error)
+            raise ConfigError(message) from error
         self.num_classes = int(labels.max()) + 1
         hparams = self.hparams
         indices = np.arange(len(labels))
