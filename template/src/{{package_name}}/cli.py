@@ -26,7 +26,7 @@ from lightning.pytorch.plugins.environments import ClusterEnvironment, SLURMEnvi
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-from .errors import ConfigError
+from .errors import ConfigError, message_of
 from .utils import (
     AtomicCheckpointIO,
     ExperimentRecord,
@@ -252,7 +252,7 @@ class CLI(LightningCLI):
             cause = error.__cause__
             if not isinstance(cause, ValueError | KeyError | FileNotFoundError) or not cause.args:
                 raise
-            self.parser.error(str(cause.args[0]))
+            self.parser.error(message_of(cause))
 
     def after_instantiate_classes(self) -> None:
         weights = self._config().get("weights")

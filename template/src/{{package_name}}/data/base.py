@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset, default_convert
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ..errors import ConfigError
+from ..errors import ConfigError, message_of
 
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
@@ -104,9 +104,7 @@ class ArrayDataModule(LightningDataModule):
         try:
             features, labels = self.load_arrays()
         except (KeyError, FileNotFoundError) as error:  # a missing file, array or column
-            # A KeyError's str() quotes its message.
-            message = error.args[0] if isinstance(error, KeyError) else str(error)
-            raise ConfigError(message) from error
+            raise ConfigError(message_of(error)) from error
         self.num_classes = int(labels.max()) + 1
         hparams = self.hparams
         indices = np.arange(len(labels))
