@@ -1,14 +1,16 @@
 """Benchmark: the generated project's training loop against a hand-written PyTorch loop.
 
 Generates a project from this template (default answers), then, for each configuration,
-alternately runs ``python -m bench_proj fit`` (under a pseudo-terminal, so the progress bar draws
-as it does for a user) and ``hand.py``, the same training written by hand, several times. Times
-are measured inside each process (``clock.py`` in the Lightning run): steady-state training from
+runs in turn ``python -m bench_proj fit`` (under a pseudo-terminal, so the progress bar draws
+as it does for a user), ``hand.py``, the same training written by hand, and ``bare.py``, the hand
+loop's work in a Lightning ``Trainer`` with nothing on (the floor of any project built on the
+``Trainer``), several times. Times are measured inside each process (``clock.py`` in the
+Lightning runs): steady-state training from
 the end of the first optimizer step to the end of the last one, validation excluded; start-up
 from the process start to the end of the first optimizer step. Prints medians, then, as the last
 line, ``overhead_ratio=<lightning/hand>`` of steady-state time per step on the default config.
 
-Both sides run torch on ``--threads`` threads (default 1): on a machine that other processes
+All sides run torch on ``--threads`` threads (default 1): on a machine that other processes
 also use, two threads that wait on each other at every operation make the time of a step swing
 tenfold and more with the load (measured here), which would drown the difference being measured.
 
@@ -37,6 +39,10 @@ TEMPLATE = BENCH.parent
 PACKAGE = "bench_proj"
 
 # name: (extra CLI arguments, batch size, max_epochs, torch.compile, repetitions)
+# lightning: the project's fit; hand: hand.py, plain PyTorch; bare: bare.py, the hand loop's work
+# in a Lightning Trainer with nothing on (Lightning's own floor).
+SIDES = ["lightning", "hand", "bare"]
+
 CONFIGS = {
     "default": ([], 64, 30, False, None),
     "no_logger": (["--trainer.logger=false"], 64, 30, False, 3),
@@ -165,13 +171,13 @@ def main() -> None:
         extra, batch_size, max_epochs, compiled, reps = CONFIGS[name]
         reps = reps or args.reps
         init = workdir / f"{name}-init.pt"
-        results: dict[str, list[dict]] = {"lightning": [], "hand": []}
+        results: dict[str, list[dict]] = {side: [] for side in SIDES}
         steps = None
         for rep in range(reps):
-            sides = ["lightning", "hand"] if rep % 2 == 0 else ["hand", "lightning"]
+            sides = SIDES[rep % len(SIDES) :] + SIDES[: rep % len(SIDES)]
             for side in sides:
-                if side == "hand" and steps is None:
-                    continue  # the hand loop needs the first Lightning run's initial weights and steps
+                if side != "lightning" and steps is None:
+                    continue  # the others need the first project run's initial weights and steps
                 out = workdir / f"{name}-{side}-{rep}.json"
                 if side == "lightning":
                     clock = json.dumps({"class_path": "clock.BenchClock", "init_args": {"out": str(out)}})
@@ -189,13 +195,13 @@ def main() -> None:
                 else:
                     command = [
                         sys.executable,
-                        str(BENCH / "hand.py"),
+                        str(BENCH / f"{side}.py"),
                         f"--package={PACKAGE}",
                         f"--init={init}",
                         f"--steps={steps}",
                         f"--max-epochs={max_epochs}",
                         f"--batch-size={batch_size}",
-                        f"--workdir={workdir / f'{name}-hand-{rep}'}",
+                        f"--workdir={workdir / f'{name}-{side}-{rep}'}",
                         f"--out={out}",
                     ]
                     command += ["--compile"] if compiled else []
@@ -245,17 +251,17 @@ def main() -> None:
     )
     ratios = {}
     for name, results in rows.items():
-        ratio = median(r["step_ms"] for r in results["lightning"]) / median(
-            r["step_ms"] for r in results["hand"]
-        )
-        ratios[name] = ratio
+        step_ms = {side: median(r["step_ms"] for r in runs) for side, runs in results.items()}
+        ratios[name] = step_ms["lightning"] / step_ms["hand"]
         per_run = ", ".join(
             f"{lr['step_ms'] / hr['step_ms']:.2f}"
             for lr, hr in zip(results["lightning"], results["hand"], strict=False)
         )
         startup = median(r["startup_s"] for r in results["lightning"]) - lightning_import
         print(
-            f"{name}: lightning/hand time per step {ratio:.2f} (per run pair: {per_run}); "
+            f"{name}: lightning/hand time per step {ratios[name]:.2f} (per run pair: {per_run}); "
+            f"bare Lightning/hand {step_ms['bare'] / step_ms['hand']:.2f}; "
+            f"lightning/bare Lightning {step_ms['lightning'] / step_ms['bare']:.2f}; "
             f"start-up beyond import lightning {startup:+.2f} s"
         )
     if not args.keep:

@@ -1,0 +1,127 @@
+"""Lightning's own floor: the hand loop's training, run by a Lightning ``Trainer`` with nothing on.
+
+Same work as ``hand.py`` (the project's MLP with the same initial weights, data split, batch
+size, AdamW, warm-up + cosine schedule, clipping by norm, fp32, deterministic algorithms, steps;
+the loss written to a CSV file every ``--log-every`` steps; validation accuracy and macro F1 and
+a ``torch.save`` checkpoint, last and best, after every epoch), in a minimal ``LightningModule``
+trained by ``Trainer`` with no logger, no checkpoint callbacks, no progress bar and no model
+summary, on the project's data module (the loaders the project's ``fit`` uses). Timed by the same
+``BenchClock`` callback as the project's run. What this costs over ``hand.py`` is the cost of
+Lightning's training loop itself, which no project built on the ``Trainer`` can go below.
+"""
+
+import argparse
+import importlib
+import math
+from pathlib import Path
+
+import torch
+from clock import BenchClock
+from lightning.pytorch import LightningModule, Trainer
+from torch.nn import functional
+from torch.optim import AdamW
+from torch.optim.lr_scheduler import LambdaLR
+
+
+class Bare(LightningModule):
+    def __init__(self, network, schedule, workdir: Path, log_every: int, num_classes: int = 10) -> None:
+        super().__init__()
+        self.network = network
+        self.schedule = schedule
+        self.workdir = workdir
+        self.log_every = log_every
+        self.num_classes = num_classes
+        self.log_file = (workdir / "metrics.csv").open("w")
+        self.log_file.write("step,train_loss\n")
+        self.confusion = torch.zeros(num_classes * num_classes, dtype=torch.int64)
+        self.val_loss = 0.0
+        self.best = -1.0
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = functional.cross_entropy(self.network(x), y)
+        if (self.global_step + 1) % self.log_every == 0:
+            self.log_file.write(f"{self.global_step + 1},{loss.item()}\n")
+        return loss
+
+    def validation_step(self, batch, batch_idx) -> None:
+        x, y = batch
+        logits = self.network(x)
+        self.val_loss += functional.cross_entropy(logits, y, reduction="sum").item()
+        self.confusion += torch.bincount(y * self.num_classes + logits.argmax(1), minlength=self.num_classes**2)
+
+    def on_validation_epoch_end(self) -> None:
+        confusion = self.confusion.view(self.num_classes, self.num_classes).double()
+        true_positives = confusion.diag()
+        f1 = 2 * true_positives / (confusion.sum(0) + confusion.sum(1)).clamp(min=1)
+        self.val_acc = (true_positives.sum() / confusion.sum()).item()
+        self.log("val/acc", self.val_acc)
+        samples = confusion.sum().item()
+        self.log_file.write(
+            f"# epoch {self.current_epoch} val_loss {self.val_loss / samples:.4f} "
+            f"val_acc {self.val_acc:.4f} val_f1 {f1.mean().item():.4f}\n"
+        )
+        self.confusion.zero_()
+        self.val_loss = 0.0
+
+    def on_train_epoch_end(self) -> None:
+        optimizer, scheduler = self.optimizers().optimizer, self.lr_schedulers()
+        state = {"network": self.network.state_dict(), "optimizer": optimizer.state_dict()}
+        state["epoch"], state["scheduler"] = self.current_epoch, scheduler.state_dict()
+        torch.save(state, self.workdir / "last.pt")
+        if self.val_acc > self.best:
+            self.best = self.val_acc
+            torch.save(state, self.workdir / "best.pt")
+
+    def on_fit_end(self) -> None:
+        self.log_file.close()
+
+    def configure_optimizers(self):
+        optimizer = AdamW(self.network.parameters(), lr=3e-3, weight_decay=0.01)
+        scheduler = LambdaLR(optimizer, self.schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--package", required=True)
+    parser.add_argument("--init", required=True, help="initial network weights saved by the Lightning run")
+    parser.add_argument("--steps", type=int, required=True, help="optimizer steps the Lightning run took")
+    parser.add_argument("--max-epochs", type=int, required=True, help="sets the schedule's length")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    torch.manual_seed(42)
+    data = importlib.import_module(f"{args.package}.data").DigitsDataModule(batch_size=args.batch_size)
+    network = importlib.import_module(f"{args.package}.models").MLP()
+    network.load_state_dict(torch.load(args.init, weights_only=True))
+    if args.compile:
+        network.compile()
+    warmup_cosine = importlib.import_module(f"{args.package}.models.classifier").warmup_cosine
+    data.setup("fit")
+    total_steps = args.max_epochs * math.ceil(len(data.splits["train"]) / args.batch_size)
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    model = Bare(network, lambda step: warmup_cosine(step, 50, total_steps), workdir, args.log_every)
+    trainer = Trainer(
+        max_epochs=args.max_epochs,
+        max_steps=args.steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        gradient_clip_val=1.0,
+        deterministic=True,
+        callbacks=[BenchClock(args.out)],
+    )
+    trainer.fit(model, datamodule=data)
+
+
+if __name__ == "__main__":
+    main()
