@@ -48,7 +48,8 @@ class Bare(LightningModule):
         x, y = batch
         logits = self.network(x)
         self.val_loss += functional.cross_entropy(logits, y, reduction="sum").item()
-        self.confusion += torch.bincount(y * self.num_classes + logits.argmax(1), minlength=self.num_classes**2)
+        cells = y * self.num_classes + logits.argmax(1)
+        self.confusion += torch.bincount(cells, minlength=self.num_classes**2)
 
     def on_validation_epoch_end(self) -> None:
         confusion = self.confusion.view(self.num_classes, self.num_classes).double()
