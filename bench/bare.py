@@ -92,13 +92,18 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument(
+        "--hidden-sizes", default="256,128", help="the MLP's hidden layer sizes, comma-separated"
+    )
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
     torch.manual_seed(42)
     data = importlib.import_module(f"{args.package}.data").DigitsDataModule(batch_size=args.batch_size)
-    network = importlib.import_module(f"{args.package}.models").MLP()
+    network = importlib.import_module(f"{args.package}.models").MLP(
+        hidden_sizes=[int(size) for size in args.hidden_sizes.split(",")]
+    )
     network.load_state_dict(torch.load(args.init, weights_only=True))
     if args.compile:
         network.compile()

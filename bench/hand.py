@@ -50,6 +50,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument(
+        "--hidden-sizes", default="256,128", help="the MLP's hidden layer sizes, comma-separated"
+    )
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -61,7 +64,9 @@ def main() -> None:
     data.setup("fit")
     x_train, y_train = data.splits["train"].tensors
     x_val, y_val = data.splits["val"].tensors
-    network = importlib.import_module(f"{args.package}.models").MLP()
+    network = importlib.import_module(f"{args.package}.models").MLP(
+        hidden_sizes=[int(size) for size in args.hidden_sizes.split(",")]
+    )
     network.load_state_dict(torch.load(args.init, weights_only=True))
     model = torch.compile(network) if args.compile else network
     warmup_cosine = importlib.import_module(f"{args.package}.models.classifier").warmup_cosine

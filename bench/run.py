@@ -38,16 +38,25 @@ BENCH = Path(__file__).resolve().parent
 TEMPLATE = BENCH.parent
 PACKAGE = "bench_proj"
 
-# name: (extra CLI arguments, batch size, max_epochs, torch.compile, repetitions)
 # lightning: the project's fit; hand: hand.py, plain PyTorch; bare: bare.py, the hand loop's work
 # in a Lightning Trainer with nothing on (Lightning's own floor).
 SIDES = ["lightning", "hand", "bare"]
 
+# name: (extra CLI arguments, batch size, max_epochs, torch.compile, repetitions, hidden sizes)
 CONFIGS = {
-    "default": ([], 64, 30, False, None),
-    "no_logger": (["--trainer.logger=false"], 64, 30, False, 3),
-    "small_batch": (["--data.init_args.batch_size=16", "--trainer.max_epochs=4"], 16, 4, False, None),
-    "compile": (["--model.init_args.compile=true"], 64, 30, True, 3),
+    "default": ([], 64, 30, False, None, None),
+    "no_logger": (["--trainer.logger=false"], 64, 30, False, 3, None),
+    "small_batch": (["--data.init_args.batch_size=16", "--trainer.max_epochs=4"], 16, 4, False, None, None),
+    "compile": (["--model.init_args.compile=true"], 64, 30, True, 3, None),
+    # A network with 22 times the default's multiply-adds: the same steps, each doing more work.
+    "wide": (
+        ["--model.init_args.network.init_args.hidden_sizes=[1024,1024]", "--trainer.max_epochs=10"],
+        64,
+        10,
+        False,
+        3,
+        [1024, 1024],
+    ),
 }
 
 
@@ -168,7 +177,7 @@ def main() -> None:
 
     rows, imports = {}, {"torch": [], "lightning": []}
     for name in names:
-        extra, batch_size, max_epochs, compiled, reps = CONFIGS[name]
+        extra, batch_size, max_epochs, compiled, reps, hidden_sizes = CONFIGS[name]
         reps = reps or args.reps
         init = workdir / f"{name}-init.pt"
         results: dict[str, list[dict]] = {side: [] for side in SIDES}
@@ -205,6 +214,7 @@ def main() -> None:
                         f"--out={out}",
                     ]
                     command += ["--compile"] if compiled else []
+                    command += [f"--hidden-sizes={','.join(map(str, hidden_sizes))}"] if hidden_sizes else []
                     result = timed_run(command, project, env, out, terminal=False)
                 results[side].append(result)
                 print(

@@ -265,12 +265,14 @@ class CLI(LightningCLI):
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         config, trainer = self._config(), self._config(self.config_init)["trainer"]
         configured = trainer.get("callbacks") or []
+        # Lightning calls every hook of every callback, so the ones that serve a single subcommand
+        # join only that one (or all, when the caller picks what to run).
         callbacks = [
             *(configured if isinstance(configured, list) else [configured]),
             StageTimer(),
             ExperimentRecord(RECORD_FILE, self._summary(config)),
-            PredictionWriter(),
-            TestReport(),
+            *([PredictionWriter()] if self.subcommand in ("predict", None) else []),
+            *([TestReport()] if self.subcommand in ("test", None) else []),
             OutOfMemoryReport(),
         ]
         if config.get("device_stats"):

@@ -63,6 +63,8 @@ class Classifier(LightningModule):
             }
         )
         self.train_loss = MeanMetric(nan_strategy="disable")
+        self.val_loss = MeanMetric(nan_strategy="disable")
+        self.test_loss = MeanMetric(nan_strategy="disable")
         self.train_outputs: list[tuple[Tensor, Tensor, Tensor]] = []  # not yet in the metrics
         self.train_metrics = metrics.clone(prefix="train/")
         self.val_metrics = metrics.clone(prefix="val/")
@@ -118,19 +120,21 @@ class Classifier(LightningModule):
         return every > 0 and (self.global_step + 1) % every == 0
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "val", self.val_metrics)
+        self._evaluate(batch, self.val_metrics, self.val_loss)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         # The logits go on to the callbacks: TestReport builds the confusion matrix from them.
-        return self._evaluate(batch, "test", self.test_metrics)
+        return self._evaluate(batch, self.test_metrics, self.test_loss)
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         return self(batch[0]).softmax(dim=-1)
 
-    def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str, metrics: MetricCollection) -> Tensor:
+    def _evaluate(self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, loss: MeanMetric) -> Tensor:
+        # Accumulated in metrics and logged once, at the epoch's end: a self.log call per batch
+        # cost more than the batch itself.
         x, y = batch
         logits = self(x)
-        self.log(f"{stage}/loss", self.loss_fn(logits, y), prog_bar=True, sync_dist=True)
+        loss.update(self.loss_fn(logits, y), weight=len(y))
         metrics.update(logits, y)
         return logits
 
@@ -143,13 +147,17 @@ class Classifier(LightningModule):
         self._log_epoch_metrics(self.train_metrics)
 
     def on_validation_epoch_end(self) -> None:
-        self._log_epoch_metrics(self.val_metrics)
+        self._log_epoch_metrics(self.val_metrics, self.val_loss)
 
     def on_test_epoch_end(self) -> None:
-        self._log_epoch_metrics(self.test_metrics)
+        self._log_epoch_metrics(self.test_metrics, self.test_loss)
 
-    def _log_epoch_metrics(self, metrics: MetricCollection) -> None:
-        self.log_dict(metrics.compute(), prog_bar=True, sync_dist=True)
+    def _log_epoch_metrics(self, metrics: MetricCollection, loss: MeanMetric | None = None) -> None:
+        values = metrics.compute()
+        if loss is not None:
+            values[f"{metrics.prefix}loss"] = loss.compute()
+            loss.reset()
+        self.log_dict(values, prog_bar=True, sync_dist=True)
         metrics.reset()
 
     def on_before_optimizer_step(self, optimizer) -> None:
