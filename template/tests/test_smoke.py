@@ -35,6 +35,17 @@ def test_fit_validate_resume_test_predict(run, tmp_path):
     torch.testing.assert_close(probabilities.sum(dim=1), torch.ones(len(rows)), atol=1e-4, rtol=0)
 
 
+def test_evaluation_loss_is_the_mean_over_samples(run, tmp_path):
+    run("fit", "--run_name=mean", "--data.init_args.batch_size=24")
+    validate = run("validate", f"--ckpt_path={tmp_path / 'checkpoints' / 'mean' / 'last.ckpt'}")
+    # 64 samples in batches of 24, 24 and 16, so the mean of the batches' means would differ.
+    assert validate.datamodule.batch_size == 24
+    features, labels = validate.datamodule.splits["val"].tensors
+    with torch.no_grad():
+        expected = torch.nn.functional.cross_entropy(validate.model.eval()(features), labels)
+    assert float(validate.trainer.callback_metrics["val/loss"]) == pytest.approx(float(expected), rel=1e-6)
+
+
 def test_experiment_record(run, tmp_path):
     fit = run("fit", "--run_name=recorded")
     run("test", f"--ckpt_path={fit.trainer.checkpoint_callback.best_model_path}")

@@ -53,7 +53,7 @@ class Classifier(LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.network = network
-        self.loss_fn = nn.CrossEntropyLoss()
+        self.loss_fn = nn.CrossEntropyLoss(reduction="none")  # per sample: evaluation averages over samples
         # The inputs come from the network itself, so the metrics skip validating them, which
         # would wait for the device; so does the mean loss, which skips its NaN check.
         metrics = MetricCollection(
@@ -89,7 +89,7 @@ class Classifier(LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         logits = self(x)
-        loss = self.loss_fn(logits, y)
+        loss = self.loss_fn(logits, y).mean()
         # Collected, and added to the epoch's metrics in one update on the steps the loggers
         # write: updating them after every step took a tenth of the default model's step time.
         self.train_outputs.append((logits.detach().argmax(dim=1), y, loss.detach()))
@@ -131,10 +131,10 @@ class Classifier(LightningModule):
 
     def _evaluate(self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, loss: MeanMetric) -> Tensor:
         # Accumulated in metrics and logged once, at the epoch's end: a self.log call per batch
-        # cost more than the batch itself.
+        # cost more than the batch itself. The mean is over samples, whatever the batches' sizes.
         x, y = batch
         logits = self(x)
-        loss.update(self.loss_fn(logits, y), weight=len(y))
+        loss.update(self.loss_fn(logits, y))
         metrics.update(logits, y)
         return logits
 
