@@ -5,7 +5,8 @@ size, AdamW, warm-up + cosine schedule, clipping by norm, fp32, deterministic al
 the loss written to a CSV file every ``--log-every`` steps; validation accuracy and macro F1 and
 a ``torch.save`` checkpoint, last and best, after every epoch), in a minimal ``LightningModule``
 trained by ``Trainer`` with no logger, no checkpoint callbacks, no progress bar and no model
-summary, on the project's data module (the loaders the project's ``fit`` uses). Timed by the same
+summary, on the project's data module (the loaders the project's ``fit`` uses); ``--manual``
+uses manual optimization instead (clipping by hand). Timed by the same
 ``BenchClock`` callback as the project's run. What this costs over ``hand.py`` is the cost of
 Lightning's training loop itself, which no project built on the ``Trainer`` can go below.
 """
@@ -24,8 +25,9 @@ from torch.optim.lr_scheduler import LambdaLR
 
 
 class Bare(LightningModule):
-    def __init__(self, network, schedule, workdir: Path, log_every: int, num_classes: int = 10) -> None:
+    def __init__(self, network, schedule, workdir: Path, log_every: int, manual: bool, num_classes: int = 10):
         super().__init__()
+        self.automatic_optimization = not manual
         self.network = network
         self.schedule = schedule
         self.workdir = workdir
@@ -40,6 +42,13 @@ class Bare(LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         loss = functional.cross_entropy(self.network(x), y)
+        if not self.automatic_optimization:
+            optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+            optimizer.zero_grad(set_to_none=True)
+            self.manual_backward(loss)
+            torch.nn.utils.clip_grad_norm_(self.network.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
         if (self.global_step + 1) % self.log_every == 0:
             self.log_file.write(f"{self.global_step + 1},{loss.item()}\n")
         return loss
@@ -92,6 +101,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--manual", action="store_true", help="manual optimization, clipping by hand")
     parser.add_argument(
         "--hidden-sizes", default="256,128", help="the MLP's hidden layer sizes, comma-separated"
     )
@@ -112,7 +122,8 @@ def main() -> None:
     total_steps = args.max_epochs * math.ceil(len(data.splits["train"]) / args.batch_size)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    model = Bare(network, lambda step: warmup_cosine(step, 50, total_steps), workdir, args.log_every)
+    schedule = lambda step: warmup_cosine(step, 50, total_steps)  # noqa: E731
+    model = Bare(network, schedule, workdir, args.log_every, args.manual)
     trainer = Trainer(
         max_epochs=args.max_epochs,
         max_steps=args.steps,
@@ -122,7 +133,7 @@ def main() -> None:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        gradient_clip_val=1.0,
+        gradient_clip_val=None if args.manual else 1.0,
         deterministic=True,
         callbacks=[BenchClock(args.out)],
     )

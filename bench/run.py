@@ -39,7 +39,8 @@ TEMPLATE = BENCH.parent
 PACKAGE = "bench_proj"
 
 # lightning: the project's fit; hand: hand.py, plain PyTorch; bare: bare.py, the hand loop's work
-# in a Lightning Trainer with nothing on (Lightning's own floor).
+# in a Lightning Trainer with nothing on (Lightning's own floor); manual: bare.py --manual, the same
+# with manual optimization (default configuration only).
 SIDES = ["lightning", "hand", "bare"]
 
 # name: (extra CLI arguments, batch size, max_epochs, torch.compile, repetitions, hidden sizes)
@@ -180,10 +181,11 @@ def main() -> None:
         extra, batch_size, max_epochs, compiled, reps, hidden_sizes = CONFIGS[name]
         reps = reps or args.reps
         init = workdir / f"{name}-init.pt"
-        results: dict[str, list[dict]] = {side: [] for side in SIDES}
+        all_sides = SIDES + (["manual"] if name == "default" else [])
+        results: dict[str, list[dict]] = {side: [] for side in all_sides}
         steps = None
         for rep in range(reps):
-            sides = SIDES[rep % len(SIDES) :] + SIDES[: rep % len(SIDES)]
+            sides = all_sides[rep % len(all_sides) :] + all_sides[: rep % len(all_sides)]
             for side in sides:
                 if side != "lightning" and steps is None:
                     continue  # the others need the first project run's initial weights and steps
@@ -204,7 +206,7 @@ def main() -> None:
                 else:
                     command = [
                         sys.executable,
-                        str(BENCH / f"{side}.py"),
+                        str(BENCH / ("hand.py" if side == "hand" else "bare.py")),
                         f"--package={PACKAGE}",
                         f"--init={init}",
                         f"--steps={steps}",
@@ -214,6 +216,7 @@ def main() -> None:
                         f"--out={out}",
                     ]
                     command += ["--compile"] if compiled else []
+                    command += ["--manual"] if side == "manual" else []
                     command += [f"--hidden-sizes={','.join(map(str, hidden_sizes))}"] if hidden_sizes else []
                     result = timed_run(command, project, env, out, terminal=False)
                 results[side].append(result)
@@ -268,11 +271,13 @@ def main() -> None:
             for lr, hr in zip(results["lightning"], results["hand"], strict=False)
         )
         startup = median(r["startup_s"] for r in results["lightning"]) - lightning_import
+        manual = step_ms.get("manual")
         print(
             f"{name}: lightning/hand time per step {ratios[name]:.2f} (per run pair: {per_run}); "
             f"bare Lightning/hand {step_ms['bare'] / step_ms['hand']:.2f}; "
             f"lightning/bare Lightning {step_ms['lightning'] / step_ms['bare']:.2f}; "
-            f"start-up beyond import lightning {startup:+.2f} s"
+            + (f"bare Lightning, manual optimization/hand {manual / step_ms['hand']:.2f}; " if manual else "")
+            + f"start-up beyond import lightning {startup:+.2f} s"
         )
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
