@@ -7,6 +7,7 @@ directory (``--ckpt_path last`` finds the latest one). Runs that evaluate a chec
 ``<subcommand>-<time>/`` inside the directory of the run that made it.
 """
 
+import logging
 import os
 import signal
 import sys
@@ -31,6 +32,7 @@ from .utils import (
     AtomicCheckpointIO,
     ExperimentRecord,
     LastCheckpoint,
+    MonitorCheck,
     OutOfMemoryReport,
     PredictionWriter,
     ProgressBar,
@@ -52,6 +54,13 @@ START_TIME_VARIABLE = f"{__package__.upper()}_START_TIME"
 # The run's config.yaml is saved into its directory before any checkpoint or log, which is expected.
 warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
+# Deprecated calls made inside Lightning and torchdata, and Lightning's advertisement for its
+# cloud logger: nothing a user of this project can act on.
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+    lambda record: "litlogger" not in record.getMessage()
+)
 
 
 def default_precision() -> str:
@@ -273,6 +282,7 @@ class CLI(LightningCLI):
             ExperimentRecord(RECORD_FILE, self._summary(config)),
             *([PredictionWriter()] if self.subcommand in ("predict", None) else []),
             *([TestReport()] if self.subcommand in ("test", None) else []),
+            *([MonitorCheck()] if self.subcommand in ("fit", None) else []),
             OutOfMemoryReport(),
         ]
         if config.get("device_stats"):

@@ -1,8 +1,9 @@
 """Callbacks and helpers shared by every run: checkpoints, timing, record, predictions, reports,
-out-of-memory triage."""
+out-of-memory triage, monitored metric names."""
 
 from .checkpointing import AtomicCheckpointIO, LastCheckpoint, load_weights, read_checkpoint
 from .memory import OutOfMemoryReport, is_out_of_memory
+from .monitor import MonitorCheck
 from .predictions import PredictionWriter
 from .progress import ProgressBar
 from .record import ExperimentRecord
@@ -13,6 +14,7 @@ __all__ = [
     "AtomicCheckpointIO",
     "ExperimentRecord",
     "LastCheckpoint",
+    "MonitorCheck",
     "OutOfMemoryReport",
     "PredictionWriter",
     "ProgressBar",
