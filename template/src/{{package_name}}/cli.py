@@ -115,6 +115,13 @@ class CLI(LightningCLI):
             "or of its network.",
         )
         parser.add_argument(
+            "--inputs",
+            type=str | None,
+            default=None,
+            help="predict only: classify the samples in this .npy, .npz or .csv file instead of the "
+            "checkpoint's test split (features as the data module loads them; labels, if any, are kept).",
+        )
+        parser.add_argument(
             "--device_stats",
             type=bool,
             default=False,
@@ -182,6 +189,10 @@ class CLI(LightningCLI):
         config = self._config()
         if self.subcommand in ("validate", "test", "predict") and config.ckpt_path:
             self._use_checkpoint_data(config)
+        if config.get("inputs"):
+            if self.subcommand != "predict":
+                self.parser.error(f"--inputs is for predict, not {self.subcommand}")
+            config.data.init_args.predict_path = config.inputs
         run_dir, resumed = self._run_dir(config)
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = config.last_checkpoint.dirpath = str(

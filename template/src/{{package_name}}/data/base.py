@@ -1,8 +1,10 @@
 """Splitting and loading shared by every dataset that fits in memory as a feature and a label array."""
 
+import csv
 import math
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -18,6 +20,39 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from ..errors import ConfigError, message_of
 
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def read_samples(
+    path: Path, features_key: str = "features", labels_key: str = "labels", label_column: str = "label"
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Features, one row per sample, and labels (``None`` when the file has none) from a file:
+
+    - ``.npy``: the features alone;
+    - ``.npz``: the features under ``features_key``, the labels, if any, under ``labels_key``;
+    - ``.csv``: a header row and numeric columns, the labels, if any, in ``label_column``.
+    """
+    if path.suffix not in (".npy", ".npz", ".csv"):
+        raise ValueError(f"{path} is not a .npy, .npz or .csv file")
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file {path}")
+    if path.suffix == ".npy":
+        return np.load(path), None
+    if path.suffix == ".npz":
+        with np.load(path) as archive:
+            if features_key not in archive.files:
+                raise KeyError(f"{path} has no array {features_key!r}; it holds {archive.files}")
+            labels = archive[labels_key] if labels_key in archive.files else None
+            return archive[features_key], labels
+    with path.open(newline="") as file:
+        header = next(csv.reader(file))
+    try:
+        table = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
+    except ValueError as error:
+        raise ValueError(f"{path} is not a table of numbers under one header row: {error}") from None
+    if label_column not in header:
+        return table, None
+    label = header.index(label_column)
+    return np.delete(table, label, axis=1), table[:, label]
 
 
 class EpochSampler(DistributedSampler):
@@ -62,9 +97,11 @@ class ArrayDataModule(LightningDataModule):
             when training on a GPU.
         drop_last: leave out each epoch's last, incomplete training batch (the samples left out
             change from epoch to epoch, as the order does).
+        predict_path: a file of samples for ``predict`` to classify instead of the test split
+            (``predict --inputs`` sets it), read by ``read_predict_file``: features in the form
+            ``load_arrays`` returns them; labels, if the file has them, become ``label`` in
+            ``predictions.csv``.
     """
-
-    PREDICT_SPLIT = "test"
 
     def __init__(
         self,
@@ -76,6 +113,7 @@ class ArrayDataModule(LightningDataModule):
         num_workers: NonNegativeInt = 0,
         pin_memory: bool | None = None,
         drop_last: bool = False,
+        predict_path: str | None = None,
     ) -> None:
         super().__init__()
         if subset is not None and subset > 1 and not float(subset).is_integer():
@@ -97,6 +135,15 @@ class ArrayDataModule(LightningDataModule):
     def load_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Return all features (one row per sample) and integer class labels."""
         raise NotImplementedError
+
+    def read_predict_file(self, path: Path) -> tuple[np.ndarray, np.ndarray | None]:
+        """Features and labels (or ``None``) of the samples in ``predict_path``; see ``read_samples``."""
+        return read_samples(path)
+
+    @property
+    def predict_split(self) -> str:
+        """The split ``predict`` classifies: the samples of ``predict_path`` if given, else the test split."""
+        return "predict" if self.hparams.predict_path else "test"
 
     def setup(self, stage: str) -> None:
         if self.splits:
@@ -125,7 +172,25 @@ class ArrayDataModule(LightningDataModule):
             kept = split[: self._subset_size(len(split))]
             self.splits[name] = TensorBatches(features[kept], labels[kept])
             self.rows[name] = kept
+        if self.hparams.predict_path:
+            self._add_predict_split(Path(self.hparams.predict_path), features)
         self._check_batch_size()
+
+    def _add_predict_split(self, path: Path, trained_on: Tensor) -> None:
+        try:
+            features, labels = self.read_predict_file(path)
+        except (KeyError, FileNotFoundError, ValueError) as error:
+            raise ConfigError(f"--inputs: {message_of(error)}") from error
+        if features.shape[1:] != trained_on.shape[1:]:
+            raise ConfigError(
+                f"--inputs: {path} holds samples of shape {features.shape[1:]}; the model was trained "
+                f"on samples of shape {tuple(trained_on.shape[1:])}"
+            )
+        tensors = [torch.as_tensor(features, dtype=trained_on.dtype)]
+        if labels is not None:
+            tensors.append(torch.as_tensor(labels, dtype=torch.int64))
+        self.splits["predict"] = TensorBatches(*tensors)
+        self.rows["predict"] = np.arange(len(features))
 
     def _check_batch_size(self) -> None:
         """Refuse a batch size that leaves a process nothing to train on, or a last batch of one
@@ -177,7 +242,7 @@ class ArrayDataModule(LightningDataModule):
         return self._loader("test")
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.PREDICT_SPLIT)
+        return self._loader(self.predict_split)
 
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
         pin_memory = self.hparams.pin_memory

@@ -4,6 +4,8 @@
   ``features_key`` and integer labels ``0..C-1`` under ``labels_key``.
 - ``.csv``: a header row, numeric columns, and the integer label in ``label_column``.
 
+``predict --inputs`` reads new samples from a file of the same kind, without labels if need be.
+
 Use it with ``--config configs/data/file.yaml --data.init_args.path data/my_data.npz``.
 """
 
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import ArrayDataModule
+from .base import ArrayDataModule, read_samples
 
 
 class FileDataModule(ArrayDataModule):
@@ -35,23 +37,20 @@ class FileDataModule(ArrayDataModule):
         self.features_key, self.labels_key, self.label_column = features_key, labels_key, label_column
 
     def load_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        features, labels = self._read_npz() if self.path.suffix == ".npz" else self._read_csv()
+        features, labels = self.read_predict_file(self.path)
+        if labels is None:
+            raise KeyError(self._no_labels())
         if len(features) != len(labels):
             raise ValueError(f"{self.path}: {len(features)} feature rows but {len(labels)} labels")
         return features.astype(np.float32), labels.astype(np.int64)
 
-    def _read_npz(self) -> tuple[np.ndarray, np.ndarray]:
-        with np.load(self.path) as archive:
-            missing = {self.features_key, self.labels_key} - set(archive.files)
-            if missing:
-                raise KeyError(f"{self.path} has no array {sorted(missing)}; it holds {archive.files}")
-            return archive[self.features_key], archive[self.labels_key]
+    def read_predict_file(self, path: Path) -> tuple[np.ndarray, np.ndarray | None]:
+        return read_samples(path, self.features_key, self.labels_key, self.label_column)
 
-    def _read_csv(self) -> tuple[np.ndarray, np.ndarray]:
+    def _no_labels(self) -> str:
+        if self.path.suffix == ".npz":
+            with np.load(self.path) as archive:
+                return f"{self.path} has no array {self.labels_key!r}; it holds {archive.files}"
         with self.path.open(newline="") as file:
             header = next(csv.reader(file))
-        if self.label_column not in header:
-            raise KeyError(f"{self.path} has no column {self.label_column!r}; its columns are {header}")
-        table = np.loadtxt(self.path, delimiter=",", skiprows=1, ndmin=2)
-        label = header.index(self.label_column)
-        return np.delete(table, label, axis=1), table[:, label]
+        return f"{self.path} has no column {self.label_column!r}; its columns are {header}"

@@ -16,7 +16,8 @@ class PredictionWriter(BasePredictionWriter):
     """One row per sample, in dataset order: ``index, row, label, predicted, prob_0 .. prob_{C-1}``.
 
     ``index`` is the sample's position in the predicted split; ``row`` its row in the data the data
-    module loaded (for a data file, the file's row), when the data module is an ``ArrayDataModule``.
+    module loaded (for a data file, the file's row; for ``predict --inputs``, the row in that
+    file), when the data module is an ``ArrayDataModule``.
 
     ``label`` is the true class, present when the batches carry labels (``(inputs, labels)``);
     ``predicted`` is the most probable class. Under DDP each process writes its own share to
@@ -58,7 +59,7 @@ class PredictionWriter(BasePredictionWriter):
         columns: dict[str, list] = {"index": indices}
         datamodule = trainer.datamodule
         if isinstance(datamodule, ArrayDataModule):
-            columns["row"] = datamodule.rows[datamodule.PREDICT_SPLIT][indices].tolist()
+            columns["row"] = datamodule.rows[datamodule.predict_split][indices].tolist()
         if self._labels:
             columns["label"] = torch.cat(self._labels).tolist()
         columns["predicted"] = probabilities.argmax(dim=1).tolist()
