@@ -66,6 +66,7 @@ class BenchClock(Callback):
         final_val = self.val_times[-1] if self.val_times and self.val_started > self.last_step else 0.0
         result = {
             "first_step_wall": self.first_step_wall,
+            "lightning_imported_wall": float(os.environ.get("BENCH_LIGHTNING_IMPORTED", "nan")),
             "train_s": self.last_step - self.first_step - (self.val_in_span - final_val),
             "steps": self.steps,
             "intervals_s": self.intervals,

@@ -13,6 +13,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import resource
 import time
 from pathlib import Path
@@ -124,6 +125,7 @@ def main() -> None:
     log.close()
     result = {
         "first_step_wall": first_step_wall,
+        "lightning_imported_wall": float(os.environ.get("BENCH_LIGHTNING_IMPORTED", "nan")),
         "train_s": last_step - first_step - val_in_span,
         "steps": step,
         "intervals_s": intervals,

@@ -7,14 +7,15 @@ loop's work in a Lightning ``Trainer`` with nothing on (the floor of any project
 ``Trainer``), several times. Times are measured inside each process (``clock.py`` in the
 Lightning runs): steady-state training from
 the end of the first optimizer step to the end of the last one, validation excluded; start-up
-from the process start to the end of the first optimizer step. Prints medians, then, as the last
+from the process start to the end of the first optimizer step, and from the end of ``import
+lightning`` in the same process (``sitecustomize.py``) to it. Prints medians, then, as the last
 line, ``overhead_ratio=<lightning/hand>`` of steady-state time per step on the default config.
 
 All sides run torch on ``--threads`` threads (default 1): on a machine that other processes
 also use, two threads that wait on each other at every operation make the time of a step swing
 tenfold and more with the load (measured here), which would drown the difference being measured.
 
-    python bench/run.py [--reps 5] [--configs default,no_logger,small_batch,compile] [--threads 1]
+    python bench/run.py [--reps 5] [--configs default,no_logger,small_batch,compile,wide] [--threads 1]
         [--template GIT_REF] [--keep DIR]
 """
 
@@ -123,16 +124,12 @@ def timed_run(command: list[str], cwd: Path, env: dict[str, str], out: Path, ter
                 sys.exit(f"{' '.join(command)} failed; output in {log}")
     result = json.loads(out.read_text())
     result["startup_s"] = result["first_step_wall"] - started
+    result["import_s"] = result["lightning_imported_wall"] - started
+    result["after_import_s"] = result["first_step_wall"] - result["lightning_imported_wall"]
     result["step_ms"] = 1000 * result["train_s"] / (result["steps"] - 1)
     result["interval_ms"] = 1000 * median(result["intervals_s"])
     result["boundary_ms"] = 1000 * median(result["boundaries_s"]) if result["boundaries_s"] else 0.0
     return result
-
-
-def import_time(module: str, env: dict[str, str]) -> float:
-    started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", f"import {module}"], env=env, check=True)
-    return time.perf_counter() - started
 
 
 def median(values) -> float:
@@ -176,7 +173,7 @@ def main() -> None:
         flush=True,
     )
 
-    rows, imports = {}, {"torch": [], "lightning": []}
+    rows = {}
     for name in names:
         extra, batch_size, max_epochs, compiled, reps, hidden_sizes = CONFIGS[name]
         reps = reps or args.reps
@@ -223,12 +220,11 @@ def main() -> None:
                 print(
                     f"  {name} {side:9s} run {rep + 1}/{reps}: {result['step_ms']:.3f} ms/step "
                     f"({result['interval_ms']:.3f} in an epoch, {result['boundary_ms']:.1f} at epoch ends), "
-                    f"start-up {result['startup_s']:.2f} s, {result['steps']} steps, "
+                    f"start-up {result['startup_s']:.2f} s ({result['after_import_s']:.2f} after import "
+                    f"lightning), {result['steps']} steps, "
                     f"val/acc {result['val_acc']:.3f}",
                     flush=True,
                 )
-        for module in imports:
-            imports[module].append(import_time(module, env))
         rows[name] = results
 
     print()
@@ -239,7 +235,8 @@ def main() -> None:
     )
     print(
         f"{'configuration':14s} {'side':10s} {'ms/step':>9s} {'step ms':>8s} {'epoch end ms':>12s} "
-        f"{'train s':>8s} {'start-up s':>10s} {'val epoch ms':>12s} {'peak RSS MB':>11s} {'val/acc':>8s} "
+        f"{'train s':>8s} {'start-up s':>10s} {'after import s':>14s} {'val epoch ms':>12s} "
+        f"{'peak RSS MB':>11s} {'val/acc':>8s} "
         f"{'runs':>5s}"
     )
     for name, results in rows.items():
@@ -249,6 +246,7 @@ def main() -> None:
                 f"{median(r['interval_ms'] for r in runs):8.3f} "
                 f"{median(r['boundary_ms'] for r in runs):12.2f} "
                 f"{median(r['train_s'] for r in runs):8.2f} {median(r['startup_s'] for r in runs):10.2f} "
+                f"{median(r['after_import_s'] for r in runs):14.2f} "
                 f"{1000 * median(t for r in runs for t in r['val_epoch_s']):12.2f} "
                 f"{median(r['peak_rss_mb'] for r in runs):11.0f} {median(r['val_acc'] for r in runs):8.4f} "
                 f"{len(runs):5d}"
@@ -256,11 +254,6 @@ def main() -> None:
     print("\ndata loading, one process (bench/loader.py):", flush=True)
     subprocess.run(
         [sys.executable, str(BENCH / "loader.py"), f"--package={PACKAGE}"], cwd=project, env=env, check=True
-    )
-    lightning_import = median(imports["lightning"])
-    print(
-        f"\nimport torch: {median(imports['torch']):.2f} s, import lightning: {lightning_import:.2f} s "
-        f"(medians of {len(imports['lightning'])} runs)"
     )
     ratios = {}
     for name, results in rows.items():
@@ -270,14 +263,16 @@ def main() -> None:
             f"{lr['step_ms'] / hr['step_ms']:.2f}"
             for lr, hr in zip(results["lightning"], results["hand"], strict=False)
         )
-        startup = median(r["startup_s"] for r in results["lightning"]) - lightning_import
+        after_import = {side: median(r["after_import_s"] for r in runs) for side, runs in results.items()}
+        imported = median(r["import_s"] for runs in results.values() for r in runs)
         manual = step_ms.get("manual")
         print(
             f"{name}: lightning/hand time per step {ratios[name]:.2f} (per run pair: {per_run}); "
             f"bare Lightning/hand {step_ms['bare'] / step_ms['hand']:.2f}; "
             f"lightning/bare Lightning {step_ms['lightning'] / step_ms['bare']:.2f}; "
             + (f"bare Lightning, manual optimization/hand {manual / step_ms['hand']:.2f}; " if manual else "")
-            + f"start-up beyond import lightning {startup:+.2f} s"
+            + f"first step after import lightning ({imported:.2f} s): {after_import['lightning']:.2f} s "
+            f"(bare Lightning {after_import['bare']:.2f} s, hand {after_import['hand']:.2f} s)"
         )
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -89,8 +89,9 @@ def test_a_run_that_failed_before_its_first_checkpoint_is_not_offered_for_resumi
 
 
 def test_last_checkpoint_is_the_end_of_the_latest_epoch(run, tmp_path):
-    # Monitoring for the lowest accuracy makes an early epoch the best, so last.ckpt must not follow it.
-    fit = run("fit", "--run_name=latest", "--checkpoint.mode=min", "--trainer.max_epochs=3")
+    # Monitoring for the lowest epoch number makes the first epoch the best; last.ckpt must not follow it.
+    first_is_best = ["--checkpoint.monitor=epoch", "--checkpoint.mode=min"]
+    fit = run("fit", "--run_name=latest", *first_is_best, "--trainer.max_epochs=3")
     last = torch.load(
         tmp_path / "checkpoints" / "latest" / "last.ckpt", map_location="cpu", weights_only=True
     )

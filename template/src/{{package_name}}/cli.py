@@ -189,7 +189,7 @@ class CLI(LightningCLI):
         config = self._config()
         if self.subcommand in ("validate", "test", "predict") and config.ckpt_path:
             self._use_checkpoint_data(config)
-        if config.get("inputs"):
+        if config.get("inputs") is not None:
             if self.subcommand != "predict":
                 self.parser.error(f"--inputs is for predict, not {self.subcommand}")
             config.data.init_args.predict_path = config.inputs

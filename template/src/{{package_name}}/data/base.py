@@ -3,6 +3,7 @@
 import csv
 import math
 import os
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,12 @@ from ..errors import ConfigError, message_of
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
+def csv_header(path: Path) -> list[str]:
+    """The column names in the first row of a CSV file (empty for an empty file)."""
+    with path.open(newline="") as file:
+        return next(csv.reader(file), [])
+
+
 def read_samples(
     path: Path, features_key: str = "features", labels_key: str = "labels", label_column: str = "label"
 ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -35,16 +42,26 @@ def read_samples(
         raise ValueError(f"{path} is not a .npy, .npz or .csv file")
     if not path.is_file():
         raise FileNotFoundError(f"no such file {path}")
-    if path.suffix == ".npy":
-        return np.load(path), None
-    if path.suffix == ".npz":
+    if path.suffix == ".csv":
+        return _read_csv(path, label_column)
+    try:
+        if path.suffix == ".npy":
+            return np.load(path), None
         with np.load(path) as archive:
             if features_key not in archive.files:
                 raise KeyError(f"{path} has no array {features_key!r}; it holds {archive.files}")
             labels = archive[labels_key] if labels_key in archive.files else None
             return archive[features_key], labels
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile):
+        raise ValueError(f"{path} is not a readable NumPy {path.suffix} file") from None
+
+
+def _read_csv(path: Path, label_column: str) -> tuple[np.ndarray, np.ndarray | None]:
     with path.open(newline="") as file:
-        header = next(csv.reader(file))
+        rows = csv.reader(file)
+        header, first_sample = next(rows, None), next(rows, None)
+    if header is None or first_sample is None:
+        raise ValueError(f"{path} has no samples: it needs a header row, then one row per sample")
     try:
         table = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
     except ValueError as error:
@@ -186,8 +203,24 @@ class ArrayDataModule(LightningDataModule):
                 f"--inputs: {path} holds samples of shape {features.shape[1:]}; the model was trained "
                 f"on samples of shape {tuple(trained_on.shape[1:])}"
             )
+        if len(features) == 0:
+            raise ConfigError(f"--inputs: {path} holds no samples")
+        not_finite = np.flatnonzero(~np.isfinite(features).reshape(len(features), -1).all(axis=1))
+        if len(not_finite):
+            raise ConfigError(
+                f"--inputs: {len(not_finite)} samples of {path} have values that are NaN or infinite "
+                f"(rows {not_finite[:5].tolist()}{', ...' if len(not_finite) > 5 else ''})"
+            )
         tensors = [torch.as_tensor(features, dtype=trained_on.dtype)]
         if labels is not None:
+            if len(labels) != len(features):
+                raise ConfigError(f"--inputs: {path} holds {len(features)} samples but {len(labels)} labels")
+            classes = range(self.num_classes or 0)
+            wrong = [label.item() for label in np.unique(labels) if label not in classes]
+            if wrong:
+                raise ConfigError(
+                    f"--inputs: labels must be the classes 0 to {classes.stop - 1}; {path} has {wrong[:5]}"
+                )
             tensors.append(torch.as_tensor(labels, dtype=torch.int64))
         self.splits["predict"] = TensorBatches(*tensors)
         self.rows["predict"] = np.arange(len(features))

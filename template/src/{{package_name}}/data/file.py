@@ -9,12 +9,11 @@
 Use it with ``--config configs/data/file.yaml --data.init_args.path data/my_data.npz``.
 """
 
-import csv
 from pathlib import Path
 
 import numpy as np
 
-from .base import ArrayDataModule, read_samples
+from .base import ArrayDataModule, csv_header, read_samples
 
 
 class FileDataModule(ArrayDataModule):
@@ -37,7 +36,7 @@ class FileDataModule(ArrayDataModule):
         self.features_key, self.labels_key, self.label_column = features_key, labels_key, label_column
 
     def load_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        features, labels = self.read_predict_file(self.path)
+        features, labels = read_samples(self.path, self.features_key, self.labels_key, self.label_column)
         if labels is None:
             raise KeyError(self._no_labels())
         if len(features) != len(labels):
@@ -45,12 +44,18 @@ class FileDataModule(ArrayDataModule):
         return features.astype(np.float32), labels.astype(np.int64)
 
     def read_predict_file(self, path: Path) -> tuple[np.ndarray, np.ndarray | None]:
+        # Columns are matched by position, so a CSV to predict must name them as data.path does.
+        if path.suffix == self.path.suffix == ".csv":
+            expected, given = (
+                [c for c in csv_header(p) if c != self.label_column] for p in (self.path, path)
+            )
+            if given != expected:
+                raise ValueError(f"{path} has the feature columns {given}; data.path has {expected}")
         return read_samples(path, self.features_key, self.labels_key, self.label_column)
 
     def _no_labels(self) -> str:
         if self.path.suffix == ".npz":
             with np.load(self.path) as archive:
                 return f"{self.path} has no array {self.labels_key!r}; it holds {archive.files}"
-        with self.path.open(newline="") as file:
-            header = next(csv.reader(file))
+        header = csv_header(self.path)
         return f"{self.path} has no column {self.label_column!r}; its columns are {header}"

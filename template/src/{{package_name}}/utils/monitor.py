@@ -1,4 +1,5 @@
-"""Refuses a monitored validation metric that the model does not log, right after the sanity check."""
+"""Refuses, before training starts, a monitored metric that the model does not log or a mode that
+keeps the worst epoch."""
 
 import difflib
 
@@ -7,25 +8,47 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ..errors import ConfigError
 
+# The mode each kind of metric is best at, by the last part of its name (val/loss: loss).
+BEST_MODE = {"loss": "min", "loss_epoch": "min", "acc": "max", "f1": "max"}
+
 
 class MonitorCheck(Callback):
-    """Checks the names that the best-checkpoint callback and early stopping monitor as soon as
-    the sanity check has logged the validation metrics. Lightning finds a wrong name only at the
-    end of the first epoch.
+    """Checks what the best-checkpoint callback and early stopping monitor, so that a mistake
+    stops the run before training rather than at the end of its first epoch, or never:
 
-    Only validation metrics (``val/...``) are checked here: training metrics of an epoch exist only
-    at its end, where Lightning checks them.
+    - at the start, a mode that would keep the worst epoch (``max`` for a loss, ``min`` for an
+      accuracy or F1);
+    - once the sanity check has logged the validation metrics, a monitored name that is not
+      among them, nor ``epoch`` or ``step``. Names under ``train/`` and ``time/`` are left to
+      Lightning, which checks them at the end of the first epoch, when they are first logged.
     """
 
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        for key, callback in _monitoring(trainer):
+            best, mode = BEST_MODE.get(callback.monitor.rsplit("/", 1)[-1]), getattr(callback, "mode", None)
+            if best and mode and mode != best:
+                raise ConfigError(
+                    f"{key}.monitor={callback.monitor} with {key}.mode={mode} would keep the worst "
+                    f"epoch; set {key}.mode={best}"
+                )
+
     def on_sanity_check_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        logged = sorted(name for name in trainer.callback_metrics if name.startswith("val/"))
-        for callback in trainer.callbacks:
-            monitor = getattr(callback, "monitor", None)
-            if not isinstance(monitor, str) or not monitor.startswith("val/") or monitor in logged:
+        logged = sorted(trainer.callback_metrics)
+        for key, callback in _monitoring(trainer):
+            monitor = callback.monitor
+            if monitor in (*logged, "epoch", "step") or monitor.startswith(("train/", "time/")):
                 continue
-            key = "checkpoint" if isinstance(callback, ModelCheckpoint) else type(callback).__name__
             close = difflib.get_close_matches(monitor, logged, n=1)
             raise ConfigError(
-                f"{key}.monitor={monitor} is not a metric the model logs; it logs {', '.join(logged)}"
-                + (f" (did you mean {close[0]}?)" if close else "")
+                f"{key}.monitor={monitor} is not a metric the model logs; validation logs "
+                f"{', '.join(logged)}" + (f" (did you mean {close[0]}?)" if close else "")
             )
+
+
+def _monitoring(trainer: Trainer) -> list[tuple[str, Callback]]:
+    """The callbacks that monitor a metric, each with the config key it is set under."""
+    return [
+        ("checkpoint" if isinstance(callback, ModelCheckpoint) else type(callback).__name__, callback)
+        for callback in trainer.callbacks
+        if isinstance(getattr(callback, "monitor", None), str)
+    ]
