@@ -11,13 +11,13 @@ uses manual optimization instead (clipping by hand). Timed by the same
 Lightning's training loop itself, which no project built on the ``Trainer`` can go below.
 """
 
-import argparse
 import importlib
 import math
 from pathlib import Path
 
 import torch
 from clock import BenchClock
+from hand import arguments
 from lightning.pytorch import LightningModule, Trainer
 from torch.nn import functional
 from torch.optim import AdamW
@@ -93,20 +93,8 @@ class Bare(LightningModule):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--package", required=True)
-    parser.add_argument("--init", required=True, help="initial network weights saved by the Lightning run")
-    parser.add_argument("--steps", type=int, required=True, help="optimizer steps the Lightning run took")
-    parser.add_argument("--max-epochs", type=int, required=True, help="sets the schedule's length")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--log-every", type=int, default=10)
-    parser.add_argument("--compile", action="store_true")
+    parser = arguments(__doc__)
     parser.add_argument("--manual", action="store_true", help="manual optimization, clipping by hand")
-    parser.add_argument(
-        "--hidden-sizes", default="256,128", help="the MLP's hidden layer sizes, comma-separated"
-    )
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
     torch.manual_seed(42)

@@ -42,8 +42,9 @@ def evaluate(network, features, labels, batch_size, num_classes):
     return total_loss / len(labels), (true_positives.sum() / confusion.sum()).item(), f1.mean().item()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The arguments this loop and ``bare.py`` share: what to train, and where to write."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--package", required=True)
     parser.add_argument("--init", required=True, help="initial network weights saved by the Lightning run")
     parser.add_argument("--steps", type=int, required=True, help="optimizer steps the Lightning run took")
@@ -56,7 +57,11 @@ def main() -> None:
     )
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments(__doc__).parse_args()
 
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(42)
