@@ -287,13 +287,12 @@ class CLI(LightningCLI):
         configured = trainer.get("callbacks") or []
         # Lightning calls every hook of every callback, so the ones that serve a single subcommand
         # join only that one (or all, when the caller picks what to run).
+        single = {"predict": PredictionWriter, "test": TestReport, "fit": MonitorCheck}
         callbacks = [
             *(configured if isinstance(configured, list) else [configured]),
             StageTimer(),
             ExperimentRecord(RECORD_FILE, self._summary(config)),
-            *([PredictionWriter()] if self.subcommand in ("predict", None) else []),
-            *([TestReport()] if self.subcommand in ("test", None) else []),
-            *([MonitorCheck()] if self.subcommand in ("fit", None) else []),
+            *(callback() for subcommand, callback in single.items() if self.subcommand in (subcommand, None)),
             OutOfMemoryReport(),
         ]
         if config.get("device_stats"):
