@@ -2,6 +2,7 @@
 
 import time
 
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import TQDMProgressBar
 
 
@@ -18,9 +19,21 @@ class ProgressBar(TQDMProgressBar):
         self.interval = 1 / per_second
         self._next_draw = 0.0
 
-    def _should_update(self, current: int, total: int | float) -> bool:
+    def _should_update(self, current: int, total: int | float | None) -> bool:
+        # The total is unknown (None) in an epoch resumed part-way through.
         now = time.monotonic()
-        if not self.is_enabled or (current < total and now < self._next_draw):
+        last = total is not None and current >= total
+        if not self.is_enabled or (not last and now < self._next_draw):
             return False
         self._next_draw = now + self.interval
         return True
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Reading the metrics at an epoch's end computes the values logged with sync_dist, a
+        # collective operation every DDP process must join. Only rank 0 draws the bar, so every
+        # process reads them here, in the same order, and rank 0 alone shows them.
+        metrics = self.get_metrics(trainer, pl_module)
+        if not self.train_progress_bar.disable:
+            self.train_progress_bar.set_postfix(metrics)
+        if self._leave:
+            self.train_progress_bar.close()
