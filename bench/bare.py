@@ -105,12 +105,12 @@ def main() -> None:
     network.load_state_dict(torch.load(args.init, weights_only=True))
     if args.compile:
         network.compile()
-    warmup_cosine = importlib.import_module(f"{args.package}.models.classifier").warmup_cosine
+    lr_factor = importlib.import_module(f"{args.package}.models.classifier").lr_factor
     data.setup("fit")
     total_steps = args.max_epochs * math.ceil(len(data.splits["train"]) / args.batch_size)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    schedule = lambda step: warmup_cosine(step, 50, total_steps)  # noqa: E731
+    schedule = lambda step: lr_factor(step, 50, total_steps)  # noqa: E731
     model = Bare(network, schedule, workdir, args.log_every, args.manual)
     trainer = Trainer(
         max_epochs=args.max_epochs,

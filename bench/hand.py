@@ -75,12 +75,12 @@ def main() -> None:
     )
     network.load_state_dict(torch.load(args.init, weights_only=True))
     model = torch.compile(network) if args.compile else network
-    warmup_cosine = importlib.import_module(f"{args.package}.models.classifier").warmup_cosine
+    lr_factor = importlib.import_module(f"{args.package}.models.classifier").lr_factor
     del package
 
     optimizer = AdamW(network.parameters(), lr=3e-3, weight_decay=0.01)
     total_steps = args.max_epochs * math.ceil(len(y_train) / args.batch_size)
-    scheduler = LambdaLR(optimizer, lambda step: warmup_cosine(step, 50, total_steps))
+    scheduler = LambdaLR(optimizer, lambda step: lr_factor(step, 50, total_steps))
     order_generator = torch.Generator().manual_seed(42)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)

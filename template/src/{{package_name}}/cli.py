@@ -9,21 +9,24 @@ directory (``--ckpt_path last`` finds the latest one). Runs that evaluate a chec
 
 import logging
 import os
+import shlex
 import signal
 import sys
 import warnings
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 from jsonargparse import Namespace
+from jsonargparse.typing import PositiveInt
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import DeviceStatsMonitor, ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.plugins import CheckpointIO
 from lightning.pytorch.plugins.environments import ClusterEnvironment, SLURMEnvironment
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
@@ -41,6 +44,7 @@ from .utils import (
     is_out_of_memory,
     load_weights,
     read_checkpoint,
+    received_signal,
 )
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +54,14 @@ RECORD_FILE = Path("experiments.jsonl")
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # Processes that Lightning starts for DDP re-run the command line; they read rank 0's start time here.
 START_TIME_VARIABLE = f"{__package__.upper()}_START_TIME"
+# LightningCLI's own optimizer options would bypass the model's warm-up and schedule.
+REFUSED_OPTIONS = {
+    "optimizer": "choose the optimizer with model.init_args.optimizer (a torch.optim class, e.g. "
+    "--model.init_args.optimizer=SGD), its arguments with model.init_args.optimizer_args, and the "
+    "learning rate with model.init_args.lr",
+    "lr_scheduler": "choose the schedule with model.init_args.schedule (cosine, linear or constant) "
+    "and its warm-up with model.init_args.warmup_steps",
+}
 
 # The run's config.yaml is saved into its directory before any checkpoint or log, which is expected.
 warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
@@ -88,6 +100,22 @@ def _run_of(checkpoint: Path) -> str | None:
     return checkpoint.parent.name if checkpoint.resolve().parent.parent == RUNS_DIR.resolve() else None
 
 
+def _resume_command(words: list[str], run_name: str) -> str:
+    """The command that resumes a run: the same words, naming the run and ``--ckpt_path last``."""
+    kept, skip = [], False
+    for word in words:
+        option, joined, _ = word.partition("=")
+        if skip or option in ("--ckpt_path", "--run_name"):
+            skip = not skip and not joined
+            continue
+        kept.append(word)
+    return shlex.join(["python", "-m", __package__, *kept, "--run_name", run_name, "--ckpt_path", "last"])
+
+
+def _is_collective_timeout(error: RuntimeError) -> bool:
+    return isinstance(error, torch.distributed.DistError) or "Timed out waiting" in str(error)
+
+
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     """Nested dictionaries as one, with dotted keys."""
     if not isinstance(tree, dict):
@@ -122,6 +150,15 @@ class CLI(LightningCLI):
             "checkpoint's test split (features as the data module loads them; labels, if any, are kept).",
         )
         parser.add_argument(
+            "--ddp_timeout_s",
+            type=PositiveInt,
+            default=600,
+            help="Seconds a DDP process waits for the others in one collective operation before the run "
+            "fails with an error (a process stuck or gone), instead of waiting forever.",
+        )
+        for option, instead in REFUSED_OPTIONS.items():
+            parser.add_argument(f"--{option}", type=Any, default=None, help=f"Not used: {instead}.")
+        parser.add_argument(
             "--device_stats",
             type=bool,
             default=False,
@@ -135,10 +172,15 @@ class CLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         # Checked here, before LightningCLI reads the checkpoint's hyper-parameters.
         super().parse_arguments(parser, args)
+        self.words = list(sys.argv[1:] if args is None else args) if isinstance(args, list | None) else []
         self.checkpoint: dict[str, Any] = {}  # the one given as --ckpt_path, read once
         subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        for option, instead in REFUSED_OPTIONS.items():
+            if config.get(option) is not None:
+                self.parser.error(f"--{option} is not used by this project: {instead}")
         if subcommand:
-            self._check_checkpoint(self.config[subcommand], subcommand)
+            self._check_checkpoint(config, subcommand)
 
     def _check_checkpoint(self, config: Namespace, subcommand: str) -> None:
         """Resolve ``--ckpt_path last``, read the checkpoint (memory-mapped) once for the other
@@ -312,9 +354,17 @@ class CLI(LightningCLI):
             # requeueing would also save a mid-step checkpoint that resuming does not use.
             plugins = [*plugins, SLURMEnvironment(auto_requeue=False)]
         try:
-            return super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
+            built = super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
         except MisconfigurationException as error:
             self.parser.error(f"trainer: {error}")
+        if isinstance(built.strategy, DDPStrategy):
+            # Lightning's default lets a collective wait 30 minutes for a process that is gone.
+            built.strategy._timeout = timedelta(seconds=config.ddp_timeout_s)
+        if self.subcommand == "fit" and self.words:
+            for callback in built.callbacks:
+                if isinstance(callback, LastCheckpoint):
+                    callback.resume_command = _resume_command(self.words, config.run_name)
+        return built
 
     def after_fit(self) -> None:
         # Lightning leaves the wandb run open for the caller; the next run in this process would
@@ -365,14 +415,26 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
     else:
         parser_kwargs |= defaults
     try:
-        return CLI(args=args, run=run, parser_kwargs=parser_kwargs, save_config_kwargs={"overwrite": False})
+        return CLI(
+            args=args,
+            run=run,
+            parser_kwargs=parser_kwargs,
+            save_config_kwargs={"overwrite": False},
+            auto_configure_optimizers=False,
+        )
     except ConfigError as error:
         sys.exit(f"error: {error}")
     except SIGTERMException:
-        # Stopped, with last.ckpt saved: exit as a terminated process does, not as a finished one.
-        sys.exit(128 + signal.SIGTERM)
+        # Stopped by SIGTERM or Ctrl-C, with last.ckpt saved: exit as a process ended by that
+        # signal does (143 or 130), not as a finished one.
+        sys.exit(128 + (received_signal() or signal.SIGTERM))
     except RuntimeError as error:
-        if not (run and is_out_of_memory(error)):
-            raise
-        # OutOfMemoryReport has printed where and what to change, and saved what it could.
-        sys.exit(f"error: out of memory ({str(error).splitlines()[0]})")
+        if run and is_out_of_memory(error):
+            # OutOfMemoryReport has printed where and what to change, and saved what it could.
+            sys.exit(f"error: out of memory ({str(error).splitlines()[0]})")
+        if run and _is_collective_timeout(error):
+            sys.exit(
+                "error: a DDP process waited longer than --ddp_timeout_s for the others in a collective "
+                f"operation; one is stuck or gone ({str(error).splitlines()[0]})"
+            )
+        raise

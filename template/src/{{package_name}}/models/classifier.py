@@ -4,14 +4,18 @@ The network itself is any ``nn.Module`` chosen in config (``model.init_args.netw
 architecture is a new file in ``models/`` and a config change, not an edit here.
 """
 
+import importlib
+import inspect
 import math
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 from jsonargparse.typing import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import grad_norm
 from torch import Tensor, nn
-from torch.optim import AdamW
+from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
@@ -20,7 +24,8 @@ from ..errors import ConfigError
 
 
 class Classifier(LightningModule):
-    """Cross-entropy training with AdamW, linear warm-up then cosine decay, accuracy and macro-F1.
+    """Cross-entropy training with a ``torch.optim`` optimizer (AdamW by default), linear warm-up
+    then a decay schedule (cosine by default), accuracy and macro-F1.
 
     The constrained types (``PositiveFloat`` and the like) make the CLI refuse an impossible value
     at start-up, naming its key.
@@ -30,8 +35,14 @@ class Classifier(LightningModule):
         num_classes: number of classes; also given to the network by the CLI.
         lr: peak learning rate, reached after warm-up. With ``scale_lr`` it is the rate for
             ``base_batch_size`` and grows linearly with the effective batch size.
-        weight_decay: AdamW's decoupled weight decay.
-        warmup_steps: optimizer steps of linear warm-up to ``lr``, followed by cosine decay to 0.
+        weight_decay: the optimizer's weight decay (decoupled for AdamW).
+        optimizer: the optimizer: a class of ``torch.optim`` by name (``AdamW``, ``SGD``, ...) or
+            any optimizer class by its dotted path.
+        optimizer_args: the optimizer's other arguments, e.g. ``{momentum: 0.9, nesterov: true}``
+            for SGD; ``lr`` and ``weight_decay`` are set above, once.
+        warmup_steps: optimizer steps of linear warm-up to ``lr``.
+        schedule: the learning rate after warm-up, until the run's last step: ``cosine`` decay to
+            0, ``linear`` decay to 0, or ``constant``.
         scale_lr: apply the linear scaling rule to ``lr``.
         base_batch_size: the effective batch size at which ``lr`` applies unscaled.
         compile: compile the network with ``torch.compile`` before training. The first steps
@@ -45,13 +56,17 @@ class Classifier(LightningModule):
         num_classes: PositiveInt = 10,
         lr: PositiveFloat = 3e-3,
         weight_decay: NonNegativeFloat = 0.01,
+        optimizer: str = "AdamW",
+        optimizer_args: dict[str, Any] | None = None,
         warmup_steps: NonNegativeInt = 50,
+        schedule: Literal["cosine", "linear", "constant"] = "cosine",
         scale_lr: bool = False,
         base_batch_size: PositiveInt = 64,
         compile: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        self.optimizer_class = optimizer_class(optimizer, optimizer_args or {})
         self.network = network
         self.loss_fn = nn.CrossEntropyLoss(reduction="none")  # per sample: evaluation averages over samples
         # The inputs come from the network itself, so the metrics skip validating them, which
@@ -175,7 +190,9 @@ class Classifier(LightningModule):
         for logger in self.loggers:
             logger.log_hyperparams({"effective_batch_size": self.effective_batch_size})
         if not math.isfinite(self.total_steps):
-            raise ConfigError("The cosine schedule needs a finite run: set trainer.max_epochs or max_steps")
+            raise ConfigError(
+                "The learning-rate schedule needs a finite run: set trainer.max_epochs or max_steps"
+            )
         # A resumed run restores the rate its checkpoint ended on; take the current step's rate
         # from this run's schedule instead, which differs when max_epochs has changed.
         for config in self.trainer.lr_scheduler_configs:
@@ -195,17 +212,56 @@ class Classifier(LightningModule):
         lr = self.hparams.lr
         if self.hparams.scale_lr:
             lr *= self.effective_batch_size / self.hparams.base_batch_size
-        optimizer = AdamW(self.parameters(), lr=lr, weight_decay=self.hparams.weight_decay)
+        optimizer = self.optimizer_class(
+            self.parameters(),
+            lr=lr,
+            weight_decay=self.hparams.weight_decay,
+            **(self.hparams.optimizer_args or {}),
+        )
         scheduler = LambdaLR(optimizer, self.lr_factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def lr_factor(self, step: int) -> float:
-        """The schedule: warm-up then cosine decay over the run's ``total_steps``."""
-        return warmup_cosine(step, self.hparams.warmup_steps, self.total_steps)
+        """The schedule: warm-up, then the chosen shape over the run's ``total_steps``."""
+        return lr_factor(step, self.hparams.warmup_steps, self.total_steps, self.hparams.schedule)
 
 
-def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
-    """The learning-rate factor at ``step``: linear warm-up to 1, then cosine decay to 0.
+def optimizer_class(name: str, arguments: dict[str, Any]) -> type[Optimizer]:
+    """The optimizer class called ``name`` in ``torch.optim``, or at a dotted path, checked
+    against the ``arguments`` it will be given."""
+    module, _, attribute = name.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module or "torch.optim"), attribute, None)
+    except ImportError:
+        found = None
+    if not (isinstance(found, type) and issubclass(found, Optimizer)):
+        raise ConfigError(
+            f"model.init_args.optimizer={name} is not an optimizer class: give a torch.optim class "
+            "(AdamW, SGD, Adam, RMSprop, ...) or the dotted path of one"
+        )
+    accepted = [parameter for parameter in inspect.signature(found).parameters if parameter != "params"]
+    for key in ("lr", "weight_decay"):
+        if key in arguments:
+            raise ConfigError(f"model.init_args.optimizer_args.{key}: set model.init_args.{key} instead")
+    unknown = sorted(arguments.keys() - set(accepted))
+    if unknown:
+        raise ConfigError(
+            f"model.init_args.optimizer_args: {found.__name__} takes no {', '.join(unknown)}; "
+            f"it takes {', '.join(accepted)}"
+        )
+    return found
+
+
+SCHEDULES: dict[str, Callable[[float], float]] = {
+    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
+    "linear": lambda progress: 1.0 - progress,
+    "constant": lambda progress: 1.0,
+}
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "cosine") -> float:
+    """The learning-rate factor at ``step``: linear warm-up to 1, then ``SCHEDULES[schedule]`` of
+    the fraction of the remaining steps done.
 
     A closed form of the step, unlike chained schedulers, so a run resumed with a longer
     ``max_epochs`` follows the schedule of its new length instead of restarting a cosine cycle.
@@ -213,4 +269,4 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return SCHEDULES[schedule](progress)

@@ -1,7 +1,8 @@
 """Callbacks and helpers shared by every run: checkpoints, timing, record, predictions, reports,
-out-of-memory triage, monitored metric names."""
+out-of-memory triage, monitored metric names, interrupts."""
 
 from .checkpointing import AtomicCheckpointIO, LastCheckpoint, load_weights, read_checkpoint
+from .interrupts import received_signal
 from .memory import OutOfMemoryReport, is_out_of_memory
 from .monitor import MonitorCheck
 from .predictions import PredictionWriter
@@ -23,4 +24,5 @@ __all__ = [
     "is_out_of_memory",
     "load_weights",
     "read_checkpoint",
+    "received_signal",
 ]

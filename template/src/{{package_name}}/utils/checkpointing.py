@@ -1,7 +1,7 @@
 """Checkpoints that resume exactly, are never left half-written, and load with clear errors.
 
 - ``LastCheckpoint`` writes ``last.ckpt`` at the end of every epoch, every N steps if asked,
-  and when the run receives SIGTERM, with the random number generators' states in it.
+  and when the run receives SIGTERM or Ctrl-C, with the random number generators' states in it.
 - ``AtomicCheckpointIO`` writes every checkpoint to a temporary file, syncs it and renames it
   over the old one, so a kill during a save leaves the previous file intact.
 - ``load_weights`` puts the weights of a checkpoint or a plain ``state_dict`` file into a model.
@@ -10,7 +10,8 @@
 import os
 import random
 import signal
-import threading
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
+
+from .interrupts import received_signal, stop_on_signals
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -72,13 +75,13 @@ class LastCheckpoint(Checkpoint):
     """Keeps ``<dirpath>/last.ckpt``, the state to resume from, exactly where training stands.
 
     It is saved after every training epoch (after validation), every ``every_n_train_steps``
-    optimizer steps if that is above 0, and on SIGTERM before the run exits, unless the signal
-    comes during validation or inside a gradient-accumulation window, where the previous save
-    stands. Every checkpoint of the run also carries the random number generators' states and
-    the loggers' run ids, so that a resumed run draws the same dropout masks and continues the
-    same logger runs. Weights that are no longer finite are never saved.
-    (``ModelCheckpoint(save_last=True)`` in Lightning 2.6 rewrites ``last.ckpt`` only when it
-    also saves a best checkpoint.)
+    optimizer steps if that is above 0, and on SIGTERM or Ctrl-C before the run exits, unless the
+    signal comes during validation or inside a gradient-accumulation window, where the previous
+    save stands; either way one line says what was kept and how to resume. Every checkpoint of
+    the run also carries the random number generators' states and the loggers' run ids, so that a
+    resumed run draws the same dropout masks and continues the same logger runs. Weights that are
+    no longer finite are never saved. (``ModelCheckpoint(save_last=True)`` in Lightning 2.6
+    rewrites ``last.ckpt`` only when it also saves a best checkpoint.)
 
     Being a ``Checkpoint``, it runs after early stopping and the best-checkpoint callback, so the
     state it saves includes their decisions for the epoch.
@@ -86,13 +89,16 @@ class LastCheckpoint(Checkpoint):
     Args:
         dirpath: the run directory; the CLI sets it.
         every_n_train_steps: also save mid-epoch every this many optimizer steps (0: only at
-            the end of each epoch and on SIGTERM).
+            the end of each epoch and on SIGTERM or Ctrl-C).
     """
 
     def __init__(self, dirpath: str | None = None, every_n_train_steps: NonNegativeInt = 0) -> None:
         self.dirpath = dirpath
         self.every_n_train_steps = every_n_train_steps
+        self.resume_command: str | None = None  # printed when a signal stops the run; the CLI sets it
         self._after_step = True
+        self._saved: tuple[int, int] | None = None  # (step, epoch) of the last save of this process
+        self._restore_signals: Callable[[], None] = lambda: None
 
     @property
     def path(self) -> Path:
@@ -102,13 +108,18 @@ class LastCheckpoint(Checkpoint):
         # Lightning's own SIGTERM handler broadcasts to the other processes from inside the
         # handler, which deadlocks DDP when every process is signalled at once, as Slurm and
         # torchrun do. Noting the signal is enough: after every step the training loop shares
-        # rank 0's note with all processes, and they stop together. Lightning puts the handler
-        # it replaced back when the run ends.
-        def note_sigterm(*_: Any) -> None:
+        # rank 0's note with all processes, and they stop together.
+        def request_stop() -> None:
             trainer._signal_connector.received_sigterm = True
 
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, note_sigterm)
+        def end_other_processes() -> None:
+            if trainer.strategy.launcher is not None:
+                trainer.strategy.launcher.kill(signal.SIGKILL)
+
+        self._restore_signals = stop_on_signals(request_stop, end_other_processes, trainer.is_global_zero)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._restore_signals()
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -125,24 +136,47 @@ class LastCheckpoint(Checkpoint):
         self._save(trainer, pl_module)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        # On SIGTERM in the middle of validation or of an accumulation window, the last save
-        # stays the one to resume from: neither state can be resumed exactly.
-        if isinstance(exception, SIGTERMException) and self._after_step and not trainer.validating:
+        if not isinstance(exception, SIGTERMException):
+            return
+        self._restore_signals()
+        # In the middle of validation or of an accumulation window, the last save stays the one
+        # to resume from: neither state can be resumed exactly.
+        during = None if self._after_step else "an accumulation window"
+        if trainer.validating:
+            during = "validation"
+        if during is None:
             self._save(trainer, pl_module)
+        if trainer.is_global_zero:
+            print(self._interrupted(trainer, during), file=sys.stderr, flush=True)
+
+    def _interrupted(self, trainer: Trainer, during: str | None) -> str:
+        """The line that says what an interrupted run saved and how to resume it."""
+        name = getattr(received_signal(), "name", "SIGTERM")
+        where = f"at step {trainer.global_step} (epoch {trainer.current_epoch})"
+        if during is None:
+            kept = f"saved {self.path}"
+        elif self._saved is None:
+            return f"interrupted by {name} {where}, before any checkpoint was saved"
+        else:
+            kept = f"during {during}; {self.path} keeps step {self._saved[0]} (epoch {self._saved[1]})"
+        resume = f"; resume with: {self.resume_command}" if self.resume_command else ""
+        return f"interrupted by {name} {where}: {kept}{resume}"
 
     def _save(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not all(torch.isfinite(parameter).all() for parameter in pl_module.parameters()):
+            kept = "still holds the last good state" if self.path.is_file() else "was not saved"
             raise FloatingPointError(
-                f"The weights are not finite at step {trainer.global_step}; {self.path} was not "
-                "overwritten and still holds the last good state"
+                f"The weights are not finite at step {trainer.global_step}; {self.path} {kept}"
             )
         trainer.save_checkpoint(self.path, weights_only=False)
+        self._saved = (trainer.global_step, trainer.current_epoch)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
         checkpoint["rng_states"] = rng_states()
         checkpoint["logger_versions"] = {type(logger).__name__: logger.version for logger in trainer.loggers}
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        self._saved = (checkpoint["global_step"], checkpoint["epoch"])
         if "rng_states" in checkpoint:
             set_rng_states(checkpoint["rng_states"])
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .checkpointing import LastCheckpoint
 
@@ -43,13 +44,16 @@ class ExperimentRecord(Callback):
     A fit line holds the monitored metric's best value and epoch and the best and last
     checkpoints; a test line holds the test metrics and the checkpoint they came from.
     ``summary`` carries what the CLI knows of the run: name, model, dataset, seed and
-    key hyper-parameters.
+    key hyper-parameters. A fit stopped by SIGTERM or Ctrl-C writes its line too, with
+    ``status`` ``interrupted`` instead of ``finished``. A fit's ``wall_time_s`` adds up every
+    part of a run resumed after an interruption: each checkpoint carries the time so far.
     """
 
     def __init__(self, path: str | Path, summary: dict[str, Any]) -> None:
         self.path = Path(path)
         self.summary = summary
         self._started = time.perf_counter()
+        self._earlier_parts_s = 0.0  # a resumed fit's time before this process
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._started = time.perf_counter()
@@ -57,13 +61,27 @@ class ExperimentRecord(Callback):
     def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._started = time.perf_counter()
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"wall_time_s": self._earlier_parts_s + time.perf_counter() - self._started}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._earlier_parts_s = state_dict["wall_time_s"]
+
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._write_fit(trainer, pl_module, "finished")
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException) and trainer.state.fn == "fit":
+            self._write_fit(trainer, pl_module, "interrupted")
+
+    def _write_fit(self, trainer: Trainer, pl_module: LightningModule, status: str) -> None:
         checkpoint = trainer.checkpoint_callback
         best = checkpoint.best_model_path or None
         last = next((c.path for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)
         self._write(
             trainer,
             stage="fit",
+            status=status,
             epochs=trainer.current_epoch,
             steps=trainer.global_step,
             effective_batch_size=getattr(pl_module, "effective_batch_size", None),
@@ -73,6 +91,7 @@ class ExperimentRecord(Callback):
             best_checkpoint=best,
             last_checkpoint=str(last.resolve()) if last and last.is_file() else None,
             test=None,
+            wall_time_s=round(self.state_dict()["wall_time_s"], 2),
         )
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -90,8 +109,8 @@ class ExperimentRecord(Callback):
         line = {
             "time": datetime.now().astimezone().isoformat(timespec="seconds"),
             **self.summary,
-            **fields,
             "wall_time_s": round(time.perf_counter() - self._started, 2),
+            **fields,
             "git_commit": git_commit(),
         }
         with self.path.open("a") as file:
