@@ -113,7 +113,10 @@ def _resume_command(words: list[str], run_name: str) -> str:
 
 
 def _is_collective_timeout(error: RuntimeError) -> bool:
-    return isinstance(error, torch.distributed.DistError) or "Timed out waiting" in str(error)
+    """Whether a collective operation failed because a process waited too long, here or in another
+    process (which then closes the connections)."""
+    text = str(error).lower()
+    return isinstance(error, torch.distributed.DistError) or "timed out" in text or "timeout" in text
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -82,14 +82,14 @@ def _watch(read: int, taken: list[int], on_forced_exit: Callable[[], None], spea
         heard += 1
         interrupts += signum == signal.SIGINT
         if interrupts > 1:
-            _force_exit(signum, "a second Ctrl-C", on_forced_exit, speak)
+            _force_exit(signum, "Ctrl-C twice: stopping at once", on_forced_exit, speak)
         deadline = time.monotonic() + STUCK_AFTER_S
         while len(taken) < heard and time.monotonic() < deadline:
             time.sleep(0.1)
         if len(taken) < heard:
             reason = (
-                f"the process has been stuck in one operation for {STUCK_AFTER_S:.0f} s (a collective "
-                "operation waits for every DDP process, and one may be gone)"
+                f"{signum.name} found the process stuck in one operation for {STUCK_AFTER_S:.0f} s (a "
+                "collective operation waits for every DDP process, and one may be gone)"
             )
             _force_exit(signum, reason, on_forced_exit, speak)
     os.close(read)
@@ -97,6 +97,6 @@ def _watch(read: int, taken: list[int], on_forced_exit: Callable[[], None], spea
 
 def _force_exit(signum: signal.Signals, reason: str, on_forced_exit: Callable[[], None], speak: bool) -> None:
     if speak:
-        _say(f"error: {signum.name} and {reason}: exiting without saving; last.ckpt keeps its last save")
+        _say(f"error: {reason}: exiting without saving; last.ckpt keeps its last save")
     on_forced_exit()
     os._exit(128 + signum)
