@@ -239,7 +239,8 @@ def optimizer_class(name: str, arguments: dict[str, Any]) -> type[Optimizer]:
             f"model.init_args.optimizer={name} is not an optimizer class: give a torch.optim class "
             "(AdamW, SGD, Adam, RMSprop, ...) or the dotted path of one"
         )
-    accepted = [name for name in inspect.signature(found).parameters if name not in ("params", "lr", "weight_decay")]
+    own = ("params", "lr", "weight_decay")
+    accepted = [name for name in inspect.signature(found).parameters if name not in own]
     for key in ("lr", "weight_decay"):
         if key in arguments:
             raise ConfigError(f"model.init_args.optimizer_args.{key}: set model.init_args.{key} instead")
