@@ -1,8 +1,9 @@
 """The command line: ``python -m <package> {fit,validate,test,predict}``, built on LightningCLI.
 
-Every run writes into one directory, ``checkpoints/<run_name>/``: checkpoints, logger files and
-the resolved config. ``fit --ckpt_path`` on a checkpoint of a run continues that run in its
-directory (``--ckpt_path last`` finds the latest one). Runs that evaluate a checkpoint
+Every run writes into one directory, ``<runs_dir>/<run_name>/`` (``checkpoints/<run_name>/`` by
+default; the rules are in ``utils/runs.py``): checkpoints, logger files and the resolved config.
+``fit --ckpt_path`` on a checkpoint of a run continues that run in its directory
+(``--ckpt_path last`` finds the latest one). Runs that evaluate a checkpoint
 (validate, test, predict) rebuild its model and data settings from it, and write into
 ``<subcommand>-<time>/`` inside the directory of the run that made it.
 """
@@ -45,11 +46,11 @@ from .utils import (
     load_weights,
     read_checkpoint,
     received_signal,
+    runs,
 )
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
-RUNS_DIR = Path("checkpoints")
 RECORD_FILE = Path("experiments.jsonl")
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # Processes that Lightning starts for DDP re-run the command line; they read rank 0's start time here.
@@ -95,11 +96,6 @@ def _loggers(logger: Any) -> list[Namespace]:
     return [entry for entry in entries if isinstance(entry, Namespace)]
 
 
-def _run_of(checkpoint: Path) -> str | None:
-    """The run name of a checkpoint saved in ``checkpoints/<run_name>/``."""
-    return checkpoint.parent.name if checkpoint.resolve().parent.parent == RUNS_DIR.resolve() else None
-
-
 def _resume_command(words: list[str], run_name: str) -> str:
     """The command that resumes a run: the same words, naming the run and ``--ckpt_path last``."""
     kept, skip = [], False
@@ -136,7 +132,14 @@ class CLI(LightningCLI):
             "--run_name",
             type=str | None,
             default=None,
-            help="Name of this run's directory under checkpoints/ (default: the start time).",
+            help="Name of this run's directory under runs_dir (default: the start time).",
+        )
+        parser.add_argument(
+            "--runs_dir",
+            type=str,
+            default="checkpoints",
+            help="The directory that holds one directory per run, relative to where the command runs "
+            "(a scratch or shared filesystem, for example).",
         )
         parser.add_argument(
             "--weights",
@@ -183,7 +186,12 @@ class CLI(LightningCLI):
             if config.get(option) is not None:
                 self.parser.error(f"--{option} is not used by this project: {instead}")
         if subcommand:
-            self._check_checkpoint(config, subcommand)
+            try:
+                if config.run_name is not None:
+                    runs.check_name(config.run_name)
+                self._check_checkpoint(config, subcommand)
+            except runs.RunDirectoryError as error:
+                self.parser.error(str(error))
 
     def _check_checkpoint(self, config: Namespace, subcommand: str) -> None:
         """Resolve ``--ckpt_path last``, read the checkpoint (memory-mapped) once for the other
@@ -193,7 +201,7 @@ class CLI(LightningCLI):
                 self.parser.error(f"{subcommand} needs --ckpt_path, the checkpoint of a trained run")
             return
         if config.ckpt_path == "last":
-            config.ckpt_path = str(self._latest_checkpoint(config.run_name))
+            config.ckpt_path = str(runs.latest_checkpoint(Path(config.runs_dir), config.run_name))
         try:
             self.checkpoint = checkpoint = read_checkpoint(config.ckpt_path)
         except (FileNotFoundError, ValueError) as error:
@@ -205,13 +213,6 @@ class CLI(LightningCLI):
             )
         if subcommand == "fit":
             self._check_same_model(config, checkpoint)
-
-    def _latest_checkpoint(self, run_name: str | None) -> Path:
-        pattern = f"{run_name}/last.ckpt" if run_name else "*/last.ckpt"
-        found = sorted(RUNS_DIR.glob(pattern), key=lambda path: path.stat().st_mtime)
-        if not found:
-            self.parser.error(f"--ckpt_path last: no {RUNS_DIR / pattern} to resume from")
-        return found[-1]
 
     def _check_same_model(self, config: Namespace, checkpoint: dict[str, Any]) -> None:
         """Resuming rebuilds the checkpoint's model, so a different model config is a mistake."""
@@ -238,10 +239,13 @@ class CLI(LightningCLI):
             if self.subcommand != "predict":
                 self.parser.error(f"--inputs is for predict, not {self.subcommand}")
             config.data.init_args.predict_path = config.inputs
-        run_dir, resumed = self._run_dir(config)
+        try:
+            run_dir, resumed = self._run_dir(config)
+        except runs.RunDirectoryError as error:
+            self.parser.error(str(error))
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = config.last_checkpoint.dirpath = str(
-            RUNS_DIR / config.run_name if config.run_name else run_dir
+            Path(config.runs_dir) / config.run_name if config.run_name else run_dir
         )
         versions = self.checkpoint.get("logger_versions", {}) if resumed else {}
         for logger in _loggers(config.trainer.logger):
@@ -286,26 +290,21 @@ class CLI(LightningCLI):
         if "_class_path" in data:
             data.pop("_instantiator", None)
             config.data = Namespace(class_path=data.pop("_class_path"), init_args=Namespace(**data))
-        config.run_name = config.run_name or _run_of(Path(config.ckpt_path))
+        config.run_name = config.run_name or runs.run_of(Path(config.ckpt_path), Path(config.runs_dir))
 
     def _run_dir(self, config: Namespace) -> tuple[Path, bool]:
-        """The directory this run writes into, and whether it continues a run there."""
+        """The directory this run writes into, and whether it continues a run there; a training
+        run's directory is claimed for this process (see ``utils/runs.py``)."""
+        runs_dir = Path(config.runs_dir)
         if self.subcommand not in ("fit", None):
-            parent = RUNS_DIR / config.run_name if config.run_name else RUNS_DIR
+            parent = runs_dir / config.run_name if config.run_name else runs_dir
             return parent / f"{self.subcommand}-{_start_time()}", False
-        checkpoint_run = _run_of(Path(config.ckpt_path)) if config.get("ckpt_path") else None
+        checkpoint_run = runs.run_of(Path(config.ckpt_path), runs_dir) if config.get("ckpt_path") else None
         resumed = checkpoint_run is not None and config.run_name in (None, checkpoint_run)
         config.run_name = config.run_name or checkpoint_run or _start_time()
-        run_dir = RUNS_DIR / config.run_name
-        in_use = run_dir.is_dir() and any(run_dir.iterdir())
-        if self.subcommand and in_use and not resumed and rank_zero_only.rank == 0:
-            last = run_dir / "last.ckpt"
-            held = "a run that saved no checkpoint"
-            if last.is_file():
-                held = f"a run: resume it with --ckpt_path {last}"
-            self.parser.error(
-                f"{run_dir} already holds {held}; choose another --run_name, or delete that directory"
-            )
+        run_dir = runs_dir / config.run_name
+        if self.subcommand and rank_zero_only.rank == 0:
+            runs.claim(run_dir, resumed)
         return run_dir, resumed
 
     def instantiate_classes(self) -> None:
@@ -375,6 +374,7 @@ class CLI(LightningCLI):
         for logger in self.trainer.loggers:
             if isinstance(logger, WandbLogger):
                 logger.experiment.finish()
+        runs.release(Path(self._config().trainer.default_root_dir))
 
     after_validate = after_test = after_predict = after_fit
 
@@ -426,11 +426,16 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
             auto_configure_optimizers=False,
         )
     except ConfigError as error:
+        runs.remove_failed_starts()
         sys.exit(f"error: {error}")
     except SIGTERMException:
         # Stopped by SIGTERM or Ctrl-C, with last.ckpt saved: exit as a process ended by that
         # signal does (143 or 130), not as a finished one.
         sys.exit(128 + (received_signal() or signal.SIGTERM))
+    except SystemExit as exit:
+        if exit.code == 2:  # a setting refused while parsing, with its one-line error
+            runs.remove_failed_starts()
+        raise
     except RuntimeError as error:
         if run and is_out_of_memory(error):
             # OutOfMemoryReport has printed where and what to change, and saved what it could.

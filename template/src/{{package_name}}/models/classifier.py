@@ -66,7 +66,7 @@ class Classifier(LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.optimizer_class = optimizer_class(optimizer, optimizer_args or {})
+        self.optimizer_class = optimizer_class(optimizer, optimizer_args or {}, weight_decay)
         self.network = network
         self.loss_fn = nn.CrossEntropyLoss(reduction="none")  # per sample: evaluation averages over samples
         # The inputs come from the network itself, so the metrics skip validating them, which
@@ -212,12 +212,10 @@ class Classifier(LightningModule):
         lr = self.hparams.lr
         if self.hparams.scale_lr:
             lr *= self.effective_batch_size / self.hparams.base_batch_size
-        optimizer = self.optimizer_class(
-            self.parameters(),
-            lr=lr,
-            weight_decay=self.hparams.weight_decay,
-            **(self.hparams.optimizer_args or {}),
-        )
+        arguments = dict(self.hparams.optimizer_args or {}, lr=lr)
+        if "weight_decay" in inspect.signature(self.optimizer_class).parameters:
+            arguments["weight_decay"] = self.hparams.weight_decay
+        optimizer = self.optimizer_class(self.parameters(), **arguments)
         scheduler = LambdaLR(optimizer, self.lr_factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -226,9 +224,9 @@ class Classifier(LightningModule):
         return lr_factor(step, self.hparams.warmup_steps, self.total_steps, self.hparams.schedule)
 
 
-def optimizer_class(name: str, arguments: dict[str, Any]) -> type[Optimizer]:
+def optimizer_class(name: str, arguments: dict[str, Any], weight_decay: float) -> type[Optimizer]:
     """The optimizer class called ``name`` in ``torch.optim``, or at a dotted path, checked
-    against the ``arguments`` it will be given."""
+    against the ``arguments`` and ``weight_decay`` it will be given."""
     module, _, attribute = name.rpartition(".")
     try:
         found = getattr(importlib.import_module(module or "torch.optim"), attribute, None)
@@ -239,11 +237,13 @@ def optimizer_class(name: str, arguments: dict[str, Any]) -> type[Optimizer]:
             f"model.init_args.optimizer={name} is not an optimizer class: give a torch.optim class "
             "(AdamW, SGD, Adam, RMSprop, ...) or the dotted path of one"
         )
-    own = ("params", "lr", "weight_decay")
-    accepted = [name for name in inspect.signature(found).parameters if name not in own]
+    parameters = inspect.signature(found).parameters
     for key in ("lr", "weight_decay"):
         if key in arguments:
             raise ConfigError(f"model.init_args.optimizer_args.{key}: set model.init_args.{key} instead")
+    if weight_decay and "weight_decay" not in parameters:
+        raise ConfigError(f"{found.__name__} has no weight decay; set model.init_args.weight_decay=0")
+    accepted = [name for name in parameters if name not in ("params", "lr", "weight_decay")]
     unknown = sorted(arguments.keys() - set(accepted))
     if unknown:
         raise ConfigError(

@@ -1,0 +1,104 @@
+"""Run directories: every training run writes into ``<runs_dir>/<run_name>/``.
+
+The rules, in one place:
+
+- A run name is one directory name, so no run writes outside ``runs_dir``.
+- A directory that holds files belongs to its run: only resuming from one of its checkpoints
+  continues there. A start that fails on a setting (a one-line error) removes the directory it
+  created, so the name can be used again at once.
+- ``--ckpt_path last`` is the newest ``last.ckpt`` of the named run, or of any run.
+- The process that trains in a directory holds its lock (the file ``.lock``, naming the
+  process), so two processes never train in one run at once. The operating system releases
+  the lock when the process ends, however it ends, so a killed run leaves none behind.
+"""
+
+import fcntl
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import IO
+
+LOCK_FILE = ".lock"
+NAME = re.compile(r"[\w][\w.=+@-]*")
+
+# The lock files this process holds, open for as long as it lives (a lock is per open file).
+_held: dict[Path, IO[str]] = {}
+_created: set[Path] = set()  # the run directories this process made
+
+
+class RunDirectoryError(ValueError):
+    """A run name or directory that cannot serve this run; the message is one line."""
+
+
+def check_name(name: str) -> None:
+    if not NAME.fullmatch(name):
+        raise RunDirectoryError(
+            f"--run_name={name!r} is not a directory name: use letters, digits and . _ - = + @, "
+            "starting with a letter or digit (no / or ..)"
+        )
+
+
+def run_of(checkpoint: Path, runs_dir: Path) -> str | None:
+    """The name of the run whose directory holds ``checkpoint``, if it is in ``runs_dir``."""
+    return checkpoint.parent.name if checkpoint.resolve().parent.parent == runs_dir.resolve() else None
+
+
+def latest_checkpoint(runs_dir: Path, run_name: str | None) -> Path:
+    """The newest ``last.ckpt`` of the run ``run_name``, or of any run in ``runs_dir``."""
+    pattern = f"{run_name}/last.ckpt" if run_name else "*/last.ckpt"
+    found = sorted(runs_dir.glob(pattern), key=lambda path: path.stat().st_mtime)
+    if not found:
+        raise RunDirectoryError(f"--ckpt_path last: no {runs_dir / pattern} to resume from")
+    return found[-1]
+
+
+def claim(run_dir: Path, resumed: bool) -> None:
+    """Lock ``run_dir`` for this process, and refuse it unless it is new, or ``resumed``."""
+    if not run_dir.exists():
+        _created.add(run_dir.resolve())
+    _lock(run_dir)
+    if resumed or not any(path.name != LOCK_FILE for path in run_dir.iterdir()):
+        return
+    last = run_dir / "last.ckpt"
+    held = f"a run: resume it with --ckpt_path {last}" if last.is_file() else "a run that saved no checkpoint"
+    raise RunDirectoryError(f"{run_dir} already holds {held}; choose another --run_name, or delete it")
+
+
+def remove_failed_starts() -> None:
+    """Remove the run directories this process made and holds, with no checkpoint in them: what a
+    start that failed on a setting left behind."""
+    for run_dir in list(_held):
+        if run_dir in _created and not any(run_dir.glob("*.ckpt")):
+            release(run_dir)
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def release(run_dir: Path) -> None:
+    """Give up the lock of ``run_dir`` (it also goes when the process ends)."""
+    file = _held.pop(run_dir.resolve(), None)
+    if file is not None:
+        file.close()
+
+
+def _lock(run_dir: Path) -> None:
+    key = run_dir.resolve()
+    if key in _held:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    file = (run_dir / LOCK_FILE).open("a+")
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.seek(0)
+        holder = file.read().strip() or "another process"
+        file.close()
+        raise RunDirectoryError(
+            f"{run_dir} is in use by process {holder}, which is training in it; wait for it to end, "
+            "or choose another --run_name"
+        ) from None
+    file.seek(0)
+    file.truncate()
+    file.write(f"{os.getpid()}\n")
+    file.flush()
+    _held[key] = file
