@@ -20,7 +20,7 @@ import torch
 from jsonargparse.typing import NonNegativeInt
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
@@ -117,6 +117,24 @@ class LastCheckpoint(Checkpoint):
                 trainer.strategy.launcher.kill(signal.SIGKILL)
 
         self._restore_signals = stop_on_signals(request_stop, end_other_processes, trainer.is_global_zero)
+        if trainer.ckpt_path and trainer.is_global_zero:
+            self._remove_later_best(trainer)
+
+    def _remove_later_best(self, trainer: Trainer) -> None:
+        """Remove the best checkpoints saved after the state this run resumes from.
+
+        A run killed between saving a best checkpoint and ``last.ckpt`` resumes from a state
+        that does not know that checkpoint; the resumed run decides again which epochs are
+        best, and would otherwise leave the earlier decision's file beside its own.
+        """
+        for best in trainer.checkpoint_callbacks:
+            if not isinstance(best, ModelCheckpoint) or best.dirpath is None:
+                continue
+            known = {Path(path).resolve() for path in [*best.best_k_models, best.last_model_path] if path}
+            prefix = (best.filename or "").split("{", 1)[0]
+            for path in Path(best.dirpath).glob(f"{prefix}*{best.FILE_EXTENSION}"):
+                if path.resolve() not in known and path.resolve() != self.path.resolve():
+                    path.unlink()
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._restore_signals()
