@@ -108,6 +108,11 @@ def _resume_command(words: list[str], run_name: str) -> str:
     return shlex.join(["python", "-m", __package__, *kept, "--run_name", run_name, "--ckpt_path", "last"])
 
 
+def _has_settings(config_file: Path) -> bool:
+    lines = (line.strip() for line in config_file.read_text().splitlines())
+    return any(line and not line.startswith("#") for line in lines)
+
+
 def _is_collective_timeout(error: RuntimeError) -> bool:
     """Whether a collective operation failed because a process waited too long, here or in another
     process (which then closes the connections)."""
@@ -411,6 +416,10 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
     first = next((index for index, word in enumerate(words) if word in SUBCOMMANDS), len(words))
     if run and any(word in ("-c", "--config") or word.startswith("--config=") for word in words[:first]):
         sys.exit(f"error: put --config after the subcommand, e.g. python -m {__package__} fit --config ...")
+    for option, value in zip(words, [*words[1:], ""], strict=True):
+        path = Path(value if option in ("-c", "--config") else option.removeprefix("--config="))
+        if option.startswith(("-c", "--config")) and path.is_file() and not _has_settings(path):
+            sys.exit(f"error: --config {path} holds no settings (it is empty or all comments)")
     defaults = {"default_config_files": [str(DEFAULT_CONFIG)]} if DEFAULT_CONFIG.is_file() else {}
     parser_kwargs = {"prog": f"python -m {__package__}"}
     if run:
@@ -427,6 +436,8 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
         )
     except ConfigError as error:
         runs.remove_failed_starts()
+        sys.exit(f"error: {error}")
+    except FloatingPointError as error:
         sys.exit(f"error: {error}")
     except SIGTERMException:
         # Stopped by SIGTERM or Ctrl-C, with last.ckpt saved: exit as a process ended by that

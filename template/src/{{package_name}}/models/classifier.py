@@ -65,6 +65,9 @@ class Classifier(LightningModule):
         compile: bool = False,
     ) -> None:
         super().__init__()
+        for key, value in {"lr": lr, "weight_decay": weight_decay}.items():
+            if not math.isfinite(value):
+                raise ConfigError(f"model.init_args.{key} must be a finite number, got {value}")
         self.save_hyperparameters()
         self.optimizer_class = optimizer_class(optimizer, optimizer_args or {}, weight_decay)
         self.network = network
@@ -109,14 +112,14 @@ class Classifier(LightningModule):
         # write: updating them after every step took a tenth of the default model's step time.
         self.train_outputs.append((logits.detach().argmax(dim=1), y, loss.detach()))
         # Logged, and checked, only on the steps the loggers write: those read the value anyway,
-        # so no other step waits for the device or pays for logging. LastCheckpoint also refuses
-        # to save non-finite weights.
+        # so no other step waits for the device or pays for logging. No checkpoint is ever saved
+        # with non-finite weights (AtomicCheckpointIO checks every save).
         if self._logs_this_step():
             self._update_train_metrics()
             if not torch.isfinite(loss):
                 raise FloatingPointError(
                     f"train/loss is {loss.item()} at step {self.global_step} (epoch {self.current_epoch}, "
-                    f"batch {batch_idx}); stopping. last.ckpt still holds the last good state. Lower "
+                    f"batch {batch_idx}); stopping, with the checkpoints as they were. Lower "
                     "model.init_args.lr, or set trainer.detect_anomaly=true to find the operation at fault"
                 )
             self.log("train/loss", loss, prog_bar=True)

@@ -16,6 +16,9 @@ class MLP(nn.Module):
         dropout: float = 0.1,
     ) -> None:
         super().__init__()
+        if min(in_features, *hidden_sizes) < 1:
+            sizes = f"{in_features} and {list(hidden_sizes)}"
+            raise ValueError(f"network.in_features and hidden_sizes must be positive, got {sizes}")
         layers: list[nn.Module] = [nn.Flatten()]
         width = in_features
         for hidden in hidden_sizes:

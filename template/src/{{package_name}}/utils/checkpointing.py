@@ -28,12 +28,24 @@ from .interrupts import received_signal, stop_on_signals
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Saves through a temporary file in the same directory: write, fsync, rename."""
+    """Saves through a temporary file in the same directory: write, fsync, rename. Refuses to save
+    weights or buffers (BatchNorm statistics too) that are not finite."""
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
     ) -> None:
         path = Path(path)
+        state = checkpoint.get("state_dict", {})
+        broken = [
+            name for name, tensor in state.items() if tensor.is_floating_point() and not tensor.isfinite().all()
+        ]
+        if broken:
+            kept = "keeps its last good state" if path.is_file() else "was not saved"
+            raise FloatingPointError(
+                f"{', '.join(broken[:3])} {'is' if len(broken) == 1 else 'are'} not finite at step "
+                f"{checkpoint.get('global_step')}: {path} {kept}. Lower model.init_args.lr, or set "
+                "trainer.detect_anomaly=true to find the operation at fault"
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.partial")
         try:
@@ -181,11 +193,6 @@ class LastCheckpoint(Checkpoint):
         return f"interrupted by {name} {where}: {kept}{resume}"
 
     def _save(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not all(torch.isfinite(parameter).all() for parameter in pl_module.parameters()):
-            kept = "still holds the last good state" if self.path.is_file() else "was not saved"
-            raise FloatingPointError(
-                f"The weights are not finite at step {trainer.global_step}; {self.path} {kept}"
-            )
         trainer.save_checkpoint(self.path, weights_only=False)
         self._saved = (trainer.global_step, trainer.current_epoch)
 

@@ -24,7 +24,7 @@ NAME = re.compile(r"[\w][\w.=+@-]*")
 
 # The lock files this process holds, open for as long as it lives (a lock is per open file).
 _held: dict[Path, IO[str]] = {}
-_created: set[Path] = set()  # the run directories this process made
+_created: set[Path] = set()  # the run directories, and runs directories, this process made
 
 
 class RunDirectoryError(ValueError):
@@ -55,8 +55,7 @@ def latest_checkpoint(runs_dir: Path, run_name: str | None) -> Path:
 
 def claim(run_dir: Path, resumed: bool) -> None:
     """Lock ``run_dir`` for this process, and refuse it unless it is new, or ``resumed``."""
-    if not run_dir.exists():
-        _created.add(run_dir.resolve())
+    _created.update(path.resolve() for path in (run_dir.parent, run_dir) if not path.exists())
     _lock(run_dir)
     if resumed or not any(path.name != LOCK_FILE for path in run_dir.iterdir()):
         return
@@ -72,6 +71,8 @@ def remove_failed_starts() -> None:
         if run_dir in _created and not any(run_dir.glob("*.ckpt")):
             release(run_dir)
             shutil.rmtree(run_dir, ignore_errors=True)
+            if run_dir.parent in _created and not any(run_dir.parent.iterdir()):
+                run_dir.parent.rmdir()
 
 
 def release(run_dir: Path) -> None:
