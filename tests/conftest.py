@@ -4,7 +4,9 @@ Every generated project is installed (without dependencies) into the one environ
 these tests, which already holds every package a project can depend on.
 """
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -62,16 +64,49 @@ def generated(tmp_path_factory):
     return generate
 
 
+_installed: tuple[Path, bytes] | None = None  # the project installed last, and its pyproject.toml
+
+
 def install(project: Path) -> None:
-    """Install a generated project, without dependencies, into the environment running the tests."""
+    """Install a generated project, without dependencies, into the environment running the tests.
+
+    Skipped when it is the project this test run installed last, with the same pyproject.toml
+    (an editable install serves the project's current code); a pip install takes seconds.
+    """
+    global _installed
+    installing = (project.resolve(), (project / "pyproject.toml").read_bytes())
+    if installing == _installed:
+        return
+    _installed = None  # until pip has succeeded
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(project)],
         check=True,
     )
+    _installed = installing
 
 
-def run_python(project: Path, *args: str) -> subprocess.CompletedProcess:
-    """Run this environment's Python in a generated project's directory, outside this pytest run."""
+def run_python(project: Path, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Run this environment's Python in a generated project's directory, outside this pytest run.
+
+    After ``timeout`` seconds the process and every process it started (DDP workers, data loader
+    workers) are killed and ``subprocess.TimeoutExpired`` is raised: a hang fails the test.
+    """
     env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
     env["WANDB_SILENT"] = "true"
-    return subprocess.run([sys.executable, *args], cwd=project, capture_output=True, text=True, env=env)
+    with subprocess.Popen(
+        [sys.executable, *args],
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group, so that killing it reaches its children
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except BaseException:  # the timeout, or an interrupted test run
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)

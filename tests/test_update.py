@@ -2,10 +2,14 @@
 
 The template's history is rebuilt in a temporary repository: each release listed in CHANGELOG.md
 as the tree of its commit, tagged, then the working tree on top. A project is copied at each
-earlier release, edited as a user would, committed, and updated to the working tree.
+earlier release, edited as a user would, committed, and updated to the working tree. Another is
+trained at each earlier release before it is updated, and the new code resumes, tests, predicts
+with and starts a new run from the checkpoints the old code wrote.
 """
 
+import csv
 import io
+import json
 import os
 import re
 import shutil
@@ -13,9 +17,11 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import NamedTuple
 
 import copier
 import pytest
+import torch
 import yaml
 from conftest import ROOT, install, run_python
 from copier.errors import UnsafeTemplateError
@@ -266,6 +272,130 @@ def test_updated_project_passes_its_tests_and_trains_the_user_model(updated):
     )
     assert fit.returncode == 0, fit.stderr[-3000:]
     assert (project / "checkpoints" / "cnn" / "last.ckpt").is_file()
+
+
+# The run trained at each earlier release, as its smoke config sets it (also spelled out here):
+# 64 samples of each split in batches of 16, so 4 training steps an epoch.
+OLD_RUN = "first"
+SUBSET, BATCH_SIZE, OLD_EPOCHS = 64, 16, 2
+COMMAND_TIMEOUT = 300  # seconds; a command that hangs fails its test
+
+
+class OldRun(NamedTuple):
+    release: str
+    project: Path  # updated to this version since the run
+    best: Path  # the run's best checkpoint, as the old release wrote it
+    saved_step: int  # the global step of the run's last.ckpt
+
+
+def project_cli(project: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m upgraded ARGS`` in the project's directory; it must succeed."""
+    install(project)
+    result = run_python(project, "-m", PACKAGE, *args, timeout=COMMAND_TIMEOUT)
+    assert result.returncode == 0, f"{args}:\n{result.stdout[-2000:]}\n{result.stderr[-5000:]}"
+    return result
+
+
+def records(project: Path) -> list[dict]:
+    return [json.loads(line) for line in (project / "experiments.jsonl").read_text().splitlines()]
+
+
+def read_checkpoint(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+@pytest.fixture(scope="module", params=[tag for tag, _ in RELEASED])
+def old_run(request, template_repo, tmp_path_factory) -> OldRun:
+    """A project copied at each earlier release and trained there, with that release's code, then
+    updated to this version."""
+    project = copy_at(template_repo, request.param, tmp_path_factory.mktemp("trained") / "upgraded")
+    project_cli(
+        project,
+        "fit",
+        "--config=configs/debug/smoke.yaml",
+        f"--data.init_args.subset={SUBSET}",
+        f"--data.init_args.batch_size={BATCH_SIZE}",
+        f"--trainer.max_epochs={OLD_EPOCHS}",
+        f"--run_name={OLD_RUN}",
+    )
+    run_dir = project / "checkpoints" / OLD_RUN
+    (best,) = run_dir.glob("best-*.ckpt")
+    saved_step = read_checkpoint(run_dir / "last.ckpt")["global_step"]
+    assert saved_step > 0
+    commit_all(project, "the record of our first run")
+    update(project, unsafe=True)
+    assert_clean_merge(project)
+    return OldRun(request.param, project, best, saved_step)
+
+
+# For each release the tests below run in this order: resuming may replace the old best
+# checkpoint with a better one, so the tests that need the old one come first.
+@pytest.mark.slow
+def test_old_best_checkpoint_tests_and_predicts_with_the_new_code(old_run):
+    project_cli(old_run.project, "test", f"--ckpt_path={old_run.best}")
+    (tested,) = [record for record in records(old_run.project) if record.get("stage") == "test"]
+    assert tested["run_name"] == OLD_RUN and tested["checkpoint"] == str(old_run.best.resolve())
+    accuracy = tested["test"]["test/acc"]
+    assert 0 <= accuracy <= 1 and 0 <= tested["test"]["test/f1"] <= 1
+
+    project_cli(old_run.project, "predict", f"--ckpt_path={old_run.best}")
+    (predictions,) = (old_run.project / "checkpoints" / OLD_RUN).glob("predict-*/predictions.csv")
+    with predictions.open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    # The data settings come from the old checkpoint: its test split, cut to SUBSET samples.
+    assert len(rows) == SUBSET
+    correct = sum(row["predicted"] == row["label"] for row in rows)
+    assert correct / len(rows) == pytest.approx(accuracy, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_new_run_starts_from_the_old_best_weights(old_run):
+    # A learning rate too small to move a float32 weight: the new run ends with the old weights.
+    project_cli(
+        old_run.project,
+        "fit",
+        "--config=configs/debug/smoke.yaml",
+        f"--weights={old_run.best}",
+        "--model.init_args.lr=1e-10",
+        "--trainer.max_epochs=1",
+        "--run_name=new",
+    )
+    new = read_checkpoint(old_run.project / "checkpoints" / "new" / "last.ckpt")
+    assert new["global_step"] == SUBSET // BATCH_SIZE  # a run of its own, not a continuation
+    old = read_checkpoint(old_run.best)["state_dict"]
+    # Weights and biases; BatchNorm's running statistics move whatever the learning rate.
+    learned = [name for name, value in old.items() if value.is_floating_point() and "running_" not in name]
+    assert learned
+    for name in learned:
+        torch.testing.assert_close(new["state_dict"][name], old[name], rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_old_last_checkpoint_resumes_with_the_new_code(old_run, request):
+    if old_run.release == "v0.1.0":
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="v0.1.0 saved a SequentialLR state; the LambdaLR that replaced it in v0.2.0 "
+                "cannot load it (KeyError: 'lr_lambdas')",
+            )
+        )
+    more = OLD_EPOCHS + 2
+    project_cli(
+        old_run.project,
+        "fit",
+        "--config=configs/debug/smoke.yaml",
+        "--ckpt_path=last",
+        f"--run_name={OLD_RUN}",
+        f"--trainer.max_epochs={more}",
+    )
+    resumed = read_checkpoint(old_run.project / "checkpoints" / OLD_RUN / "last.ckpt")
+    assert resumed["global_step"] > old_run.saved_step
+    assert resumed["epoch"] == more - 1
+    fits = [r for r in records(old_run.project) if r.get("stage") == "fit" and r["run_name"] == OLD_RUN]
+    assert fits[-1]["steps"] == resumed["global_step"]
+    assert 0 <= fits[-1]["best_value"] <= 1
+    assert Path(fits[-1]["best_checkpoint"]).is_file()
 
 
 def test_the_rename_migration_needs_trust_and_keeps_the_users_experiment(template_repo, tmp_path):

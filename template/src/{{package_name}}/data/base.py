@@ -1,6 +1,7 @@
 """Splitting and loading shared by every dataset that fits in memory as a feature and a label array."""
 
 import csv
+import inspect
 import math
 import os
 import zipfile
@@ -143,6 +144,12 @@ class ArrayDataModule(LightningDataModule):
                 f"got {val_fraction} + {test_fraction}"
             )
         self.save_hyperparameters()
+        # LightningCLI saves only the arguments it passes, and evaluating a checkpoint passes the
+        # data settings saved in it: a checkpoint older than an argument (v0.2.0's lack drop_last
+        # and predict_path) leaves that argument at its default, which is saved here.
+        arguments = locals()
+        for name in inspect.signature(ArrayDataModule).parameters:
+            self.hparams.setdefault(name, arguments[name])
         self.batch_size = batch_size
         self.splits: dict[str, TensorBatches] = {}
         self.num_classes: int | None = None
