@@ -371,15 +371,7 @@ def test_new_run_starts_from_the_old_best_weights(old_run):
 
 
 @pytest.mark.slow
-def test_old_last_checkpoint_resumes_with_the_new_code(old_run, request):
-    if old_run.release == "v0.1.0":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="v0.1.0 saved a SequentialLR state; the LambdaLR that replaced it in v0.2.0 "
-                "cannot load it (KeyError: 'lr_lambdas')",
-            )
-        )
+def test_old_last_checkpoint_resumes_with_the_new_code(old_run):
     more = OLD_EPOCHS + 2
     project_cli(
         old_run.project,

@@ -205,6 +205,15 @@ class Classifier(LightningModule):
             ):
                 group["lr"] = base_lr * factor(scheduler.last_epoch)
 
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # Checkpoints of v0.1.0 hold a SequentialLR (LinearLR, then CosineAnnealingLR). The
+        # LambdaLR that replaced it computes the rate from the step alone, which both keep as
+        # last_epoch, so only the chained schedulers' own entries go.
+        for state in checkpoint.get("lr_schedulers", []):
+            if "_schedulers" in state and "lr_lambdas" not in state:
+                del state["_schedulers"], state["_milestones"]
+                state["lr_lambdas"] = [None] * len(state["_last_lr"])
+
     @property
     def effective_batch_size(self) -> int:
         """Samples per optimizer step: batch size x gradient accumulation x number of processes."""

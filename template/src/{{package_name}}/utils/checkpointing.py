@@ -7,6 +7,7 @@
 - ``load_weights`` puts the weights of a checkpoint or a plain ``state_dict`` file into a model.
 """
 
+import contextlib
 import os
 import random
 import signal
@@ -27,6 +28,10 @@ from torch import nn
 from .interrupts import received_signal, stop_on_signals
 
 
+def _finite(tensor: torch.Tensor) -> bool:
+    return not tensor.is_floating_point() or bool(tensor.isfinite().all())
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Saves through a temporary file in the same directory: write, fsync, rename. Refuses to save
     weights or buffers (BatchNorm statistics too) that are not finite."""
@@ -36,9 +41,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     ) -> None:
         path = Path(path)
         state = checkpoint.get("state_dict", {})
-        broken = [
-            name for name, tensor in state.items() if tensor.is_floating_point() and not tensor.isfinite().all()
-        ]
+        broken = [name for name, value in state.items() if not _finite(value)]
         if broken:
             kept = "keeps its last good state" if path.is_file() else "was not saved"
             raise FloatingPointError(
@@ -142,11 +145,14 @@ class LastCheckpoint(Checkpoint):
         for best in trainer.checkpoint_callbacks:
             if not isinstance(best, ModelCheckpoint) or best.dirpath is None:
                 continue
-            known = {Path(path).resolve() for path in [*best.best_k_models, best.last_model_path] if path}
+            known = {Path(path).resolve() for path in best.best_k_models}
             prefix = (best.filename or "").split("{", 1)[0]
             for path in Path(best.dirpath).glob(f"{prefix}*{best.FILE_EXTENSION}"):
-                if path.resolve() not in known and path.resolve() != self.path.resolve():
-                    path.unlink()
+                if path.resolve() in known or path.resolve() == self.path.resolve():
+                    continue
+                with contextlib.suppress(ValueError):  # an unreadable file is left for the user
+                    if read_checkpoint(path).get("global_step", 0) > trainer.global_step:
+                        path.unlink()
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._restore_signals()
