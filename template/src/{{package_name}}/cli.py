@@ -8,6 +8,7 @@ default; the rules are in ``utils/runs.py``): checkpoints, logger files and the 
 ``<subcommand>-<time>/`` inside the directory of the run that made it.
 """
 
+import errno
 import logging
 import os
 import shlex
@@ -439,6 +440,10 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
         sys.exit(f"error: {error}")
     except FloatingPointError as error:
         sys.exit(f"error: {error}")
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        sys.exit(f"error: {error.strerror}")
     except SIGTERMException:
         # Stopped by SIGTERM or Ctrl-C, with last.ckpt saved: exit as a process ended by that
         # signal does (143 or 130), not as a finished one.

@@ -8,10 +8,13 @@
 """
 
 import contextlib
+import errno
 import os
 import random
+import shutil
 import signal
 import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,14 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
 from .interrupts import received_signal, stop_on_signals
+
+
+def _is_disk_full(error: BaseException | None) -> bool:
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _finite(tensor: torch.Tensor) -> bool:
@@ -57,6 +68,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(temporary, path)
+        except (OSError, RuntimeError) as error:
+            # torch reports a full disk as "unexpected pos" from its zip writer, with the OSError
+            # only in the exception's context.
+            if not _is_disk_full(error):
+                raise
+            temporary.unlink(missing_ok=True)
+            free = shutil.disk_usage(path.parent).free
+            raise OSError(
+                errno.ENOSPC,
+                f"no space left to save {path} ({free / 2**20:.1f} MiB free on its filesystem); the "
+                "checkpoints saved before are intact",
+            ) from None
         finally:
             temporary.unlink(missing_ok=True)
         directory = os.open(path.parent, os.O_RDONLY)
@@ -217,8 +240,11 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such checkpoint {path}")
+    archive = zipfile.is_zipfile(path)  # torch.save's format; older files are read whole
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        if archive:
+            _check_archive(path)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=archive)
     except Exception as error:
         raise ValueError(
             f"{path} is not a readable checkpoint (corrupt, truncated, or a pickled object, which "
@@ -227,6 +253,18 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(checkpoint, dict):
         raise ValueError(f"{path} holds a {type(checkpoint).__name__}, not a checkpoint or state_dict")
     return checkpoint
+
+
+def _check_archive(path: Path) -> None:
+    """Check every record of a zip-format checkpoint against its checksum, after refusing one that
+    would inflate to more than it holds (torch.save stores records uncompressed)."""
+    with zipfile.ZipFile(path) as archive:
+        inflated = sum(record.file_size for record in archive.infolist())
+        if inflated > path.stat().st_size + 2**20:
+            raise ValueError(f"its records would inflate to {inflated} bytes; torch.save compresses none")
+        broken = archive.testzip()
+    if broken is not None:
+        raise ValueError(f"its record {broken} does not match its checksum")
 
 
 def load_weights(model: LightningModule, path: str | Path) -> None:
