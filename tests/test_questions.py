@@ -33,6 +33,8 @@ def test_nothing_needs_trust_except_a_migration_that_fires():
         ({"package_name": "My-Package"}, "is not a valid package name"),
         ({"package_name": "2fast"}, "is not a valid package name"),
         ({"project_name": "   "}, "project name must not be empty"),
+        ({"project_name": "{{ 7*7 }}"}, "project name needs a letter"),
+        ({"project_name": "!!!"}, "project name needs a letter"),
         ({"author_email": "ada.example.com"}, "is not an e-mail address"),
         ({"author_email": "ada@localhost"}, "is not an e-mail address"),
         ({"author_name": ""}, "author name must not be empty"),
