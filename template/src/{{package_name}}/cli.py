@@ -109,6 +109,14 @@ def _resume_command(words: list[str], run_name: str) -> str:
     return shlex.join(["python", "-m", __package__, *kept, "--run_name", run_name, "--ckpt_path", "last"])
 
 
+def _finish_tracker_runs() -> None:
+    """Finish the wandb run a failed command left open (a finished one is closed by ``after_fit``),
+    so that the next command in this process, in a test or a notebook, logs to a run of its own."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and wandb.run is not None:
+        wandb.run.finish(exit_code=1)
+
+
 def _has_settings(config_file: Path) -> bool:
     lines = (line.strip() for line in config_file.read_text().splitlines())
     return any(line and not line.startswith("#") for line in lines)
@@ -462,3 +470,5 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
                 f"operation; one is stuck or gone ({str(error).splitlines()[0]})"
             )
         raise
+    finally:
+        _finish_tracker_runs()

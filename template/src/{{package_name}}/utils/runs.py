@@ -54,14 +54,15 @@ def latest_checkpoint(runs_dir: Path, run_name: str | None) -> Path:
 
 
 def claim(run_dir: Path, resumed: bool) -> None:
-    """Lock ``run_dir`` for this process, and refuse it unless it is new, or ``resumed``."""
+    """Refuse ``run_dir`` unless it is new or ``resumed``, then lock it for this process."""
+    if not resumed and run_dir.is_dir() and any(path.name != LOCK_FILE for path in run_dir.iterdir()):
+        last = run_dir / "last.ckpt"
+        held = "a run that saved no checkpoint"
+        if last.is_file():
+            held = f"a run: resume it with --ckpt_path {last}"
+        raise RunDirectoryError(f"{run_dir} already holds {held}; choose another --run_name, or delete it")
     _created.update(path.resolve() for path in (run_dir.parent, run_dir) if not path.exists())
     _lock(run_dir)
-    if resumed or not any(path.name != LOCK_FILE for path in run_dir.iterdir()):
-        return
-    last = run_dir / "last.ckpt"
-    held = f"a run: resume it with --ckpt_path {last}" if last.is_file() else "a run that saved no checkpoint"
-    raise RunDirectoryError(f"{run_dir} already holds {held}; choose another --run_name, or delete it")
 
 
 def remove_failed_starts() -> None:
