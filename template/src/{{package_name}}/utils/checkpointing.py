@@ -136,7 +136,8 @@ class LastCheckpoint(Checkpoint):
         self.resume_command: str | None = None  # printed when a signal stops the run; the CLI sets it
         self._after_step = True
         self._saved: tuple[int, int] | None = None  # (step, epoch) of the last save of this process
-        self._restore_signals: Callable[[], None] = lambda: None
+        # Set in on_train_start; ddp_spawn pickles the callbacks before, which a function defeats.
+        self._restore_signals: Callable[[], None] | None = None
 
     @property
     def path(self) -> Path:
@@ -178,7 +179,12 @@ class LastCheckpoint(Checkpoint):
                         path.unlink()
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._restore_signals()
+        self._stop_handling_signals()
+
+    def _stop_handling_signals(self) -> None:
+        if self._restore_signals is not None:
+            self._restore_signals()
+            self._restore_signals = None
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -197,7 +203,7 @@ class LastCheckpoint(Checkpoint):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException):
             return
-        self._restore_signals()
+        self._stop_handling_signals()
         # In the middle of validation or of an accumulation window, the last save stays the one
         # to resume from: neither state can be resumed exactly.
         during = None if self._after_step else "an accumulation window"
