@@ -2,8 +2,8 @@
 # make test: set up and run the template's test suite.
 # make bench: set up, then time the generated project's training against a hand-written loop.
 # make docs: build the documentation site into site/ (any warning fails).
-# make tags: tag every release commit named in CHANGELOG.md vX.Y.Z (annotated), as Copier needs;
-#   idempotent, and never moves a tag. Plain git and sh, no setup.
+# make tags: tag each release commit that CHANGELOG.md names as vX.Y.Z (annotated), for Copier;
+#   running it again changes nothing, and it never moves a tag. Needs only git and sh.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -47,8 +47,8 @@ lint: setup
 	$(BIN)/ruff check tests
 	$(BIN)/ruff format --check tests
 
-# The repository carries no tags: a release is a heading `## vX.Y.Z (commit <short sha>)` in
-# CHANGELOG.md. A tag already on its commit is left as it is; one on another commit is an error.
+# Copier finds releases by their tags; CHANGELOG.md names them, `## vX.Y.Z (commit <short sha>)`.
+# A tag already on its commit is left as it is; one on another commit is an error.
 tags:
 	@sed -nE 's/^## (v[0-9]+\.[0-9]+\.[0-9]+) \(commit ([0-9a-f]{7,40})\).*/\1 \2/p' CHANGELOG.md | \
 	while read -r tag commit; do \
@@ -57,7 +57,8 @@ tags:
 			exit 1; }; \
 		if tagged=$$(git rev-parse --verify --quiet "refs/tags/$$tag^{commit}"); then \
 			[ "$$tagged" = "$$full" ] || { \
-				echo "make tags: $$tag already tags commit $$(git rev-parse --short "$$tagged"), not $$commit as CHANGELOG.md says; a tag is never moved" >&2; \
+				echo "make tags: $$tag already tags commit $$(git rev-parse --short "$$tagged")," \
+					"not $$commit as CHANGELOG.md says; a tag is never moved" >&2; \
 				exit 1; }; \
 		else \
 			git tag --annotate --message "$$tag" "$$tag" "$$full" || exit 1; \
