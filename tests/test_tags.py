@@ -16,7 +16,7 @@ RELEASE = re.compile(r"^## (v\d+\.\d+\.\d+) \(commit ([0-9a-f]{7,40})\)", re.MUL
 RELEASES = RELEASE.findall((ROOT / "CHANGELOG.md").read_text())
 # Annotated tags need a tagger; the machine running the tests may have no git identity. Nothing
 # of the `make test` that may be running this reaches the inner make (its level, its jobserver).
-GIT_ENV = {
+ENV = {
     **{
         key: value
         for key, value in os.environ.items()
@@ -28,7 +28,7 @@ GIT_ENV = {
 
 
 def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=cwd, env=GIT_ENV, capture_output=True, text=True, timeout=60)
+    return subprocess.run(args, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=60)
 
 
 def _git(repo: Path, *args: str) -> str:
