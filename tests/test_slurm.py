@@ -3,7 +3,8 @@ munge, slurmctld and slurmd started in a temporary directory and stopped at the 
 
 A job is requeued the way a time limit does it (USR1 to the batch script, which requeues), and its
 two-process DDP training resumes from last.ckpt to the same weights as a job never interrupted.
-Its scontrol is slowed down, so that the requeue's SIGTERM always finds it still running.
+Its scontrol is slowed down, so that the requeue's SIGTERM always finds it still running and the
+training ends while the batch script handles USR1.
 Needs root and Debian's slurmctld, slurmd, slurm-client and munge; `.ci/run` installs them and
 sets REQUIRE_SLURM=1, which turns a missing Slurm from a skip into a failure.
 """
@@ -68,13 +69,21 @@ TRAINING = [
 # Every command below answers in well under a second; a hung daemon fails the test instead of
 # hanging it.
 COMMAND_TIMEOUT = 60
-# scontrol slowed down after a requeue, so that the SIGTERM with which the requeue stops the job
-# always reaches it before it exits, as it does now and then with the real one. A batch script
-# that dies with its scontrol never logs how the training exited.
+# scontrol, slowed down after a requeue until the training's step has ended (20 s at most): the
+# SIGTERM with which the requeue stops the job always reaches it before it exits, and the
+# training exits while the batch script is still in its USR1 handler. Either happens now and then
+# with the real scontrol; a batch script that died with its scontrol, or took the status of its
+# interrupted `wait` for the training's, never logged "training exited with status 143".
 SLOW_SCONTROL = """\
 #!/bin/sh
 {scontrol} "$@" || exit
-if [ "$1" = requeue ]; then sleep 3; fi
+if [ "$1" = requeue ]; then
+    for _ in $(seq 100); do
+        {scontrol} show step "$SLURM_JOB_ID.0" >/dev/null 2>&1 || break
+        sleep 0.2
+    done
+    sleep 1
+fi
 """
 
 
