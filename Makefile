@@ -2,13 +2,15 @@
 # make test: set up and run the template's test suite.
 # make bench: set up, then time the generated project's training against a hand-written loop.
 # make docs: build the documentation site into site/ (any warning fails).
+# make tags: tag each release commit that CHANGELOG.md names as vX.Y.Z (annotated), for Copier;
+#   running it again changes nothing, and it never moves a tag. Needs only git and sh.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # The CPU build of torch, installed before everything else so that no CUDA build is pulled in.
 TORCH ?= torch==2.13.0
 
-.PHONY: setup test test-fast demo docs bench lint clean
+.PHONY: setup test test-fast demo docs bench lint tags clean
 
 setup: $(VENV)/.installed
 
@@ -44,6 +46,25 @@ bench: setup
 lint: setup
 	$(BIN)/ruff check tests
 	$(BIN)/ruff format --check tests
+
+# Copier finds releases by their tags; CHANGELOG.md names them, `## vX.Y.Z (commit <short sha>)`.
+# A tag already on its commit is left as it is; one on another commit is an error.
+tags:
+	@sed -nE 's/^## (v[0-9]+\.[0-9]+\.[0-9]+) \(commit ([0-9a-f]{7,40})\).*/\1 \2/p' CHANGELOG.md | \
+	while read -r tag commit; do \
+		full=$$(git rev-parse --verify --quiet "$$commit^{commit}") || { \
+			echo "make tags: $$tag: commit $$commit is not in this clone (shallow? git fetch --unshallow)" >&2; \
+			exit 1; }; \
+		if tagged=$$(git rev-parse --verify --quiet "refs/tags/$$tag^{commit}"); then \
+			[ "$$tagged" = "$$full" ] || { \
+				echo "make tags: $$tag already tags commit $$(git rev-parse --short "$$tagged")," \
+					"not $$commit as CHANGELOG.md says; a tag is never moved" >&2; \
+				exit 1; }; \
+		else \
+			git tag --annotate --message "$$tag" "$$tag" "$$full" || exit 1; \
+			echo "tagged $$tag: commit $$commit"; \
+		fi; \
+	done
 
 clean:
 	rm -rf $(VENV) demo

@@ -3,10 +3,13 @@ munge, slurmctld and slurmd started in a temporary directory and stopped at the 
 
 A job is requeued the way a time limit does it (USR1 to the batch script, which requeues), and its
 two-process DDP training resumes from last.ckpt to the same weights as a job never interrupted.
+Its scontrol is slowed down, so that the requeue's SIGTERM always finds it still running and the
+training ends while the batch script handles USR1.
 Needs root and Debian's slurmctld, slurmd, slurm-client and munge; `.ci/run` installs them and
 sets REQUIRE_SLURM=1, which turns a missing Slurm from a skip into a failure.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,7 +26,7 @@ from conftest import copy_template, install
 
 pytestmark = pytest.mark.slow
 
-DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinfo")
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinfo", "squeue")
 SLURM_CONF = """\
 ClusterName=local
 SlurmctldHost={host}
@@ -63,6 +66,27 @@ TRAINING = [
 ]
 
 
+# Every command below answers in well under a second; a hung daemon fails the test instead of
+# hanging it.
+COMMAND_TIMEOUT = 60
+# scontrol, slowed down after a requeue until the training's step has ended (20 s at most): the
+# SIGTERM with which the requeue stops the job always reaches it before it exits, and the
+# training exits while the batch script is still in its USR1 handler. Either happens now and then
+# with the real scontrol; a batch script that died with its scontrol, or took the status of its
+# interrupted `wait` for the training's, never logged "training exited with status 143".
+SLOW_SCONTROL = """\
+#!/bin/sh
+{scontrol} "$@" || exit
+if [ "$1" = requeue ]; then
+    for _ in $(seq 100); do
+        {scontrol} show step "$SLURM_JOB_ID.0" >/dev/null 2>&1 || break
+        sleep 0.2
+    done
+    sleep 1
+fi
+"""
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -93,6 +117,20 @@ def _stop(pid_file: Path) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def _cancel_all(env: dict) -> None:
+    """Cancel the jobs a failed test left, and wait for them: their processes would outlive the daemons."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run(["scancel", "--partition=local"], env=env, timeout=COMMAND_TIMEOUT)
+        deadline = time.monotonic() + COMMAND_TIMEOUT  # more than KillWait, 30 s
+        while time.monotonic() < deadline:
+            queue = subprocess.run(
+                ["squeue", "-h"], capture_output=True, text=True, env=env, timeout=COMMAND_TIMEOUT
+            )
+            if not queue.stdout.strip():
+                return
+            time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     """The environment in which sbatch, scontrol and scancel talk to a one-node cluster on this machine."""
@@ -121,6 +159,7 @@ def slurm(tmp_path_factory):
             f"--seed-file={root / 'munged.seed'}",
         ],
         check=True,
+        timeout=COMMAND_TIMEOUT,
     )
     host = socket.gethostname().split(".")[0]
     conf = root / "slurm.conf"
@@ -128,16 +167,20 @@ def slurm(tmp_path_factory):
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "SLURM_"))}
     env.update(SLURM_CONF=str(conf), PYTHON=sys.executable, WANDB_SILENT="true")
     try:
-        subprocess.run(["slurmctld", "-f", str(conf)], check=True, env=env)
-        subprocess.run(["slurmd", "-f", str(conf)], check=True, env=env)
+        subprocess.run(["slurmctld", "-f", str(conf)], check=True, env=env, timeout=COMMAND_TIMEOUT)
+        subprocess.run(["slurmd", "-f", str(conf)], check=True, env=env, timeout=COMMAND_TIMEOUT)
 
         def node_idle() -> bool:
-            states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=env)
+            states = subprocess.run(
+                ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=env, timeout=COMMAND_TIMEOUT
+            )
             return states.stdout.strip() == "idle"
 
         _wait_for(node_idle, "the node to come up", timeout=60)
         yield env
     finally:
+        if (root / "slurmctld.pid").exists():
+            _cancel_all(env)
         for daemon in ("slurmd", "slurmctld", "munged"):
             _stop(root / f"{daemon}.pid")
 
@@ -152,14 +195,24 @@ def project(tmp_path_factory):
 def _job(job_id: str, env: dict) -> dict[str, str]:
     """The job's fields as `scontrol show job` prints them (JobState, Restarts, ExitCode, ...)."""
     shown = subprocess.run(
-        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, env=env, check=True
+        ["scontrol", "show", "job", "-o", job_id],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=COMMAND_TIMEOUT,
     )
     return dict(field.split("=", 1) for field in shown.stdout.split() if "=" in field)
 
 
 def _submit(project: Path, env: dict, *args: str) -> str:
     submitted = subprocess.run(
-        [*SBATCH, "scripts/slurm/train.sbatch", *args], cwd=project, env=env, capture_output=True, text=True
+        [*SBATCH, "scripts/slurm/train.sbatch", *args],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT,
     )
     assert submitted.returncode == 0, submitted.stderr
     return submitted.stdout.strip().split(";")[0]
@@ -178,29 +231,44 @@ def _step(checkpoint: Path) -> int:
     return torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"]
 
 
-def test_requeued_job_resumes_to_the_weights_of_an_uninterrupted_one(slurm, project):
+def test_requeued_job_resumes_to_the_weights_of_an_uninterrupted_one(slurm, project, tmp_path):
     reference = _submit(project, slurm, *TRAINING)
     job = _finished(reference, slurm)
     output = (project / "checkpoints" / f"slurm-{reference}.out").read_text()
     assert job["JobState"] == "COMPLETED", output[-3000:]
     reference_run = project / "checkpoints" / f"slurm-{reference}"
 
-    interrupted = _submit(project, slurm, *TRAINING)
+    slow = tmp_path / "slow-scontrol"
+    slow.mkdir()
+    (slow / "scontrol").write_text(
+        SLOW_SCONTROL.format(scontrol=shutil.which("scontrol", path=slurm["PATH"]))
+    )
+    (slow / "scontrol").chmod(0o755)
+    interrupted = _submit(project, {**slurm, "PATH": f"{slow}:{slurm['PATH']}"}, *TRAINING)
     run = project / "checkpoints" / f"slurm-{interrupted}"
     _wait_for(lambda: (run / "last.ckpt").exists(), "the first last.ckpt")
     # What Slurm does before the time limit (--signal=B:USR1@...): USR1 to the batch script.
-    subprocess.run(["scancel", "--signal=USR1", "--batch", interrupted], env=slurm, check=True)
+    subprocess.run(
+        ["scancel", "--signal=USR1", "--batch", interrupted], env=slurm, check=True, timeout=COMMAND_TIMEOUT
+    )
     _wait_for(lambda: _job(interrupted, slurm)["Restarts"] == "1", "the requeue")
     # A requeued job waits two minutes before it may start again; let it start now.
     _wait_for(lambda: _job(interrupted, slurm)["JobState"] == "PENDING", "the job to be pending")
     stopped_at = _step(run / "last.ckpt")
-    subprocess.run(["scontrol", "update", f"JobId={interrupted}", "StartTime=now"], env=slurm, check=True)
+    subprocess.run(
+        ["scontrol", "update", f"JobId={interrupted}", "StartTime=now"],
+        env=slurm,
+        check=True,
+        timeout=COMMAND_TIMEOUT,
+    )
     job = _finished(interrupted, slurm)
     output = (project / "checkpoints" / f"slurm-{interrupted}.out").read_text()
     assert job["JobState"] == "COMPLETED", output[-3000:]
 
-    # The first start saved on SIGTERM and exited as terminated; the second resumed its run.
+    # The first start saved on SIGTERM and exited as terminated, its batch script waiting for it
+    # through the SIGTERM that the requeue sent to both; the second resumed its run.
     assert "time limit near: requeueing" in output
+    assert "requeue failed" not in output, output[-3000:]
     assert "training exited with status 143" in output, output[-3000:]
     assert f"job {interrupted} start 1: run slurm-{interrupted}" in output
     assert len(list(run.rglob("config-resumed-*.yaml"))) == 1
