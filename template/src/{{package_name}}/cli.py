@@ -43,6 +43,7 @@ from .utils import (
     ProgressBar,
     StageTimer,
     TestReport,
+    end_with_parent,
     is_out_of_memory,
     load_weights,
     read_checkpoint,
@@ -109,12 +110,15 @@ def _resume_command(words: list[str], run_name: str) -> str:
     return shlex.join(["python", "-m", __package__, *kept, "--run_name", run_name, "--ckpt_path", "last"])
 
 
-def _finish_tracker_runs() -> None:
-    """Finish the wandb run a failed command left open (a finished one is closed by ``after_fit``),
-    so that the next command in this process, in a test or a notebook, logs to a run of its own."""
+def _end_tracking() -> None:
+    """Finish the wandb run a failed command left open (``after_fit`` finishes the others) and
+    stop wandb's service, so that the next command in this process (in a test or a notebook)
+    starts afresh, not in the state this one left."""
     wandb = sys.modules.get("wandb")
-    if wandb is not None and wandb.run is not None:
-        wandb.run.finish(exit_code=1)
+    if wandb is not None:
+        if wandb.run is not None:
+            wandb.run.finish(exit_code=1)
+        wandb.teardown()
 
 
 def _has_settings(config_file: Path) -> bool:
@@ -421,6 +425,8 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
     ``configs/default.yaml`` is read first; every ``--config`` and ``--key=value`` applies on top.
     Returns the CLI so that tests and notebooks can reach ``cli.trainer`` and ``cli.model``.
     """
+    if run and "LOCAL_RANK" in os.environ:
+        end_with_parent()  # a DDP process started by another: never outlive it
     words = list(sys.argv[1:] if args is None else args) if isinstance(args, list | None) else []
     first = next((index for index, word in enumerate(words) if word in SUBCOMMANDS), len(words))
     if run and any(word in ("-c", "--config") or word.startswith("--config=") for word in words[:first]):
@@ -471,4 +477,4 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
             )
         raise
     finally:
-        _finish_tracker_runs()
+        _end_tracking()

@@ -2,7 +2,7 @@
 out-of-memory triage, monitored metric names, interrupts."""
 
 from .checkpointing import AtomicCheckpointIO, LastCheckpoint, load_weights, read_checkpoint
-from .interrupts import received_signal
+from .interrupts import end_with_parent, received_signal
 from .memory import OutOfMemoryReport, is_out_of_memory
 from .monitor import MonitorCheck
 from .predictions import PredictionWriter
@@ -21,6 +21,7 @@ __all__ = [
     "ProgressBar",
     "StageTimer",
     "TestReport",
+    "end_with_parent",
     "is_out_of_memory",
     "load_weights",
     "read_checkpoint",

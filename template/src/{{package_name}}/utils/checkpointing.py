@@ -15,20 +15,19 @@ import shutil
 import signal
 import sys
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from jsonargparse.typing import NonNegativeInt
+from jsonargparse.typing import NonNegativeInt, PositiveFloat
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
-from .interrupts import received_signal, stop_on_signals
+from .interrupts import StopOnSignals, received_signal
 
 
 def _is_disk_full(error: BaseException | None) -> bool:
@@ -113,13 +112,14 @@ class LastCheckpoint(Checkpoint):
     """Keeps ``<dirpath>/last.ckpt``, the state to resume from, exactly where training stands.
 
     It is saved after every training epoch (after validation), every ``every_n_train_steps``
-    optimizer steps if that is above 0, and on SIGTERM or Ctrl-C before the run exits, unless the
-    signal comes during validation or inside a gradient-accumulation window, where the previous
-    save stands; either way one line says what was kept and how to resume. Every checkpoint of
-    the run also carries the random number generators' states and the loggers' run ids, so that a
-    resumed run draws the same dropout masks and continues the same logger runs. Weights that are
-    no longer finite are never saved. (``ModelCheckpoint(save_last=True)`` in Lightning 2.6
-    rewrites ``last.ckpt`` only when it also saves a best checkpoint.)
+    optimizer steps if that is above 0, and when SIGTERM or Ctrl-C stops the run: at the end of
+    the optimizer step under way, or of the epoch if the signal comes during its last step or its
+    validation (see ``utils/interrupts.py``). Then one line says what was saved and how to resume.
+    Every checkpoint of the run also carries the random number generators' states and the
+    loggers' run ids, so that a resumed run draws the same dropout masks and continues the same
+    logger runs. Weights that are no longer finite are never saved.
+    (``ModelCheckpoint(save_last=True)`` in Lightning 2.6 rewrites ``last.ckpt`` only when it
+    also saves a best checkpoint.)
 
     Being a ``Checkpoint``, it runs after early stopping and the best-checkpoint callback, so the
     state it saves includes their decisions for the epoch.
@@ -128,34 +128,45 @@ class LastCheckpoint(Checkpoint):
         dirpath: the run directory; the CLI sets it.
         every_n_train_steps: also save mid-epoch every this many optimizer steps (0: only at
             the end of each epoch and on SIGTERM or Ctrl-C).
+        stop_within_s: after SIGTERM or Ctrl-C the run must reach the end of its step within this
+            many seconds, or the process ends without saving: a step stuck in a collective
+            operation would never end. Raise it for steps that take longer.
     """
 
-    def __init__(self, dirpath: str | None = None, every_n_train_steps: NonNegativeInt = 0) -> None:
+    def __init__(
+        self,
+        dirpath: str | None = None,
+        every_n_train_steps: NonNegativeInt = 0,
+        stop_within_s: PositiveFloat = 60,
+    ) -> None:
         self.dirpath = dirpath
         self.every_n_train_steps = every_n_train_steps
+        self.stop_within_s = stop_within_s
         self.resume_command: str | None = None  # printed when a signal stops the run; the CLI sets it
-        self._after_step = True
         self._saved: tuple[int, int] | None = None  # (step, epoch) of the last save of this process
-        # Set in on_train_start; ddp_spawn pickles the callbacks before, which a function defeats.
-        self._restore_signals: Callable[[], None] | None = None
+        # From on_train_start on: ddp_spawn pickles the callbacks before, which these would defeat.
+        self._signals: StopOnSignals | None = None
+        self._flags_group: Any = None
 
     @property
     def path(self) -> Path:
         return Path(self.dirpath or ".") / "last.ckpt"
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # Lightning's own SIGTERM handler broadcasts to the other processes from inside the
-        # handler, which deadlocks DDP when every process is signalled at once, as Slurm and
-        # torchrun do. Noting the signal is enough: after every step the training loop shares
-        # rank 0's note with all processes, and they stop together.
-        def request_stop() -> None:
-            trainer._signal_connector.received_sigterm = True
-
+        # Lightning's own SIGTERM handling stops each DDP process where it sees the flag, and
+        # processes signalled a moment apart then stop at different steps and wait for each
+        # other forever. Here a signal is only noted, and the processes agree after each step.
         def end_other_processes() -> None:
             if trainer.strategy.launcher is not None:
                 trainer.strategy.launcher.kill(signal.SIGKILL)
 
-        self._restore_signals = stop_on_signals(request_stop, end_other_processes, trainer.is_global_zero)
+        self._signals = StopOnSignals(end_other_processes, trainer.is_global_zero, self.stop_within_s)
+        self._signals.start()
+        # The flags are agreed on through the CPU (gloo), so that no step waits for a GPU.
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self._flags_group = None
+        if distributed and torch.distributed.get_backend() != "gloo":
+            self._flags_group = torch.distributed.new_group(backend="gloo")
         if trainer.ckpt_path and trainer.is_global_zero:
             self._remove_later_best(trainer)
 
@@ -182,50 +193,64 @@ class LastCheckpoint(Checkpoint):
         self._stop_handling_signals()
 
     def _stop_handling_signals(self) -> None:
-        if self._restore_signals is not None:
-            self._restore_signals()
-            self._restore_signals = None
+        if self._signals is not None:
+            self._signals.stop()
+            self._signals = None
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         # A state saved inside a gradient-accumulation window would lose the gradients gathered
-        # so far, so saves happen only right after an optimizer step.
-        self._after_step = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
+        # so far, so saves happen only right after an optimizer step; so do stops, and an epoch's
+        # last step leaves the stop to the epoch's end, after validation and its own save.
+        if self._signals is not None:
+            self._signals.alive()
+        after_step = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
+        if not after_step or trainer.fit_loop.epoch_loop.done:
+            return
+        if self._stop_requested(trainer):
+            raise SIGTERMException
         steps = self.every_n_train_steps
-        at_save_step = steps and trainer.global_step % steps == 0
-        if at_save_step and self._after_step and not trainer.fit_loop.epoch_loop.done:
+        if steps and trainer.global_step % steps == 0:
             self._save(trainer, pl_module)
+
+    def on_validation_batch_end(self, *args: Any) -> None:
+        if self._signals is not None:
+            self._signals.alive()
+
+    def _stop_requested(self, trainer: Trainer) -> bool:
+        """Whether a signal asked any process to stop (a collective operation under DDP)."""
+        requested = self._signals is not None and self._signals.requested
+        if trainer.world_size == 1:
+            return requested
+        flag = torch.tensor([int(requested)])
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._flags_group)
+        return bool(flag.item())
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._save(trainer, pl_module)
+        if self._stop_requested(trainer):
+            raise SIGTERMException
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, SIGTERMException):
-            return
+        if isinstance(exception, SIGTERMException):
+            self._stop_on_signal(trainer, pl_module)
         self._stop_handling_signals()
-        # In the middle of validation or of an accumulation window, the last save stays the one
-        # to resume from: neither state can be resumed exactly.
-        during = None if self._after_step else "an accumulation window"
-        if trainer.validating:
-            during = "validation"
-        if during is None:
-            self._save(trainer, pl_module)
-        if trainer.is_global_zero:
-            print(self._interrupted(trainer, during), file=sys.stderr, flush=True)
 
-    def _interrupted(self, trainer: Trainer, during: str | None) -> str:
-        """The line that says what an interrupted run saved and how to resume it."""
+    def _stop_on_signal(self, trainer: Trainer, pl_module: LightningModule) -> None:
         name = getattr(received_signal(), "name", "SIGTERM")
-        where = f"at step {trainer.global_step} (epoch {trainer.current_epoch})"
-        if during is None:
-            kept = f"saved {self.path}"
-        elif self._saved is None:
-            return f"interrupted by {name} {where}, before any checkpoint was saved"
+        if self._signals is None:  # Lightning's own handler, before training started
+            message = f"interrupted by {name} before training started; nothing was saved"
         else:
-            kept = f"during {during}; {self.path} keeps step {self._saved[0]} (epoch {self._saved[1]})"
-        resume = f"; resume with: {self.resume_command}" if self.resume_command else ""
-        return f"interrupted by {name} {where}: {kept}{resume}"
+            self._signals.acknowledge()  # stopping now; the save may take its time
+            if self._saved != (trainer.global_step, trainer.current_epoch):
+                self._save(trainer, pl_module)
+            where = f"at step {trainer.global_step} (epoch {trainer.current_epoch})"
+            message = f"interrupted by {name} {where}: saved {self.path}"
+            if self.resume_command:
+                message += f"; resume with: {self.resume_command}"
+        if trainer.is_global_zero:
+            print(message, file=sys.stderr, flush=True)
 
     def _save(self, trainer: Trainer, pl_module: LightningModule) -> None:
         trainer.save_checkpoint(self.path, weights_only=False)
