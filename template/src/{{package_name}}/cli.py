@@ -128,9 +128,10 @@ def _has_settings(config_file: Path) -> bool:
 
 def _is_collective_timeout(error: RuntimeError) -> bool:
     """Whether a collective operation failed because a process waited too long, here or in another
-    process (which then closes the connections)."""
+    process (which then closes or resets the connections)."""
     text = str(error).lower()
-    return isinstance(error, torch.distributed.DistError) or "timed out" in text or "timeout" in text
+    signs = ("timed out", "timeout", "connection reset by peer", "connection closed by peer")
+    return isinstance(error, torch.distributed.DistError) or any(sign in text for sign in signs)
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -162,11 +162,11 @@ class LastCheckpoint(Checkpoint):
 
         self._signals = StopOnSignals(end_other_processes, trainer.is_global_zero, self.stop_within_s)
         self._signals.start()
-        # The flags are agreed on through the CPU (gloo), so that no step waits for a GPU.
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        self._flags_group = None
-        if distributed and torch.distributed.get_backend() != "gloo":
-            self._flags_group = torch.distributed.new_group(backend="gloo")
+        # The processes agree on stopping in a group of their own, through the CPU (gloo): no step
+        # waits for a GPU, and no collective of the run's own can pair up with this one.
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            timeout = getattr(trainer.strategy, "_timeout", None)  # the CLI's --ddp_timeout_s
+            self._flags_group = torch.distributed.new_group(backend="gloo", timeout=timeout)
         if trainer.ckpt_path and trainer.is_global_zero:
             self._remove_later_best(trainer)
 
