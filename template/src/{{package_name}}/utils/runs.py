@@ -35,7 +35,7 @@ def check_name(name: str) -> None:
     if not NAME.fullmatch(name):
         raise RunDirectoryError(
             f"--run_name={name!r} is not a directory name: use letters, digits and . _ - = + @, "
-            "starting with a letter or digit (no / or ..)"
+            "starting with a letter, digit or _ (no / or ..)"
         )
 
 
