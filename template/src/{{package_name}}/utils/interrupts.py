@@ -108,7 +108,9 @@ class StopOnSignals:
             deadline = self._last_batch + self.patience_s
             wait = max(0.0, deadline - time.monotonic()) if signalled else None
             if not select.select([read], [], [], wait)[0]:
-                if not self._acknowledged.is_set() and time.monotonic() >= self._last_batch + self.patience_s:
+                if self._acknowledged.is_set():
+                    signalled = False  # stopping as asked; only a second Ctrl-C matters now
+                elif time.monotonic() >= self._last_batch + self.patience_s:
                     self._force_exit(
                         _received[0] if _received else signal.SIGTERM,
                         f"no batch ended within {self.patience_s:g} s (the process is stuck in one "
