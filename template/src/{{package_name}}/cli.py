@@ -316,8 +316,14 @@ class CLI(LightningCLI):
         run's directory is claimed for this process (see ``utils/runs.py``)."""
         runs_dir = Path(config.runs_dir)
         if self.subcommand not in ("fit", None):
+            # Beside the checkpoint when it is in a run's directory, wherever that is.
+            checkpoint_dir = Path(config.ckpt_path).parent if config.get("ckpt_path") else runs_dir
             parent = runs_dir / config.run_name if config.run_name else runs_dir
-            return parent / f"{self.subcommand}-{_start_time()}", False
+            if (checkpoint_dir / "config.yaml").is_file():
+                parent = checkpoint_dir
+            output_dir = parent / f"{self.subcommand}-{_start_time()}"
+            runs.expect_new(output_dir)
+            return output_dir, False
         checkpoint_run = runs.run_of(Path(config.ckpt_path), runs_dir) if config.get("ckpt_path") else None
         resumed = checkpoint_run is not None and config.run_name in (None, checkpoint_run)
         config.run_name = config.run_name or checkpoint_run or _start_time()
@@ -442,6 +448,7 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
         parser_kwargs |= {name: defaults for name in SUBCOMMANDS}
     else:
         parser_kwargs |= defaults
+    refused = False  # on a setting: what the start wrote goes, so that it can simply be run again
     try:
         return CLI(
             args=args,
@@ -451,7 +458,7 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
             auto_configure_optimizers=False,
         )
     except ConfigError as error:
-        runs.remove_failed_starts()
+        refused = True
         sys.exit(f"error: {error}")
     except FloatingPointError as error:
         sys.exit(f"error: {error}")
@@ -464,8 +471,7 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
         # signal does (143 or 130), not as a finished one.
         sys.exit(128 + (received_signal() or signal.SIGTERM))
     except SystemExit as exit:
-        if exit.code == 2:  # a setting refused while parsing, with its one-line error
-            runs.remove_failed_starts()
+        refused = exit.code == 2  # a setting refused with its one-line error
         raise
     except RuntimeError as error:
         if run and is_out_of_memory(error):
@@ -479,3 +485,4 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
         raise
     finally:
         _end_tracking()
+        runs.end_command(refused)

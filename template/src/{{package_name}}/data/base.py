@@ -174,7 +174,7 @@ class ArrayDataModule(LightningDataModule):
             return
         try:
             features, labels = self.load_arrays()
-        except (KeyError, FileNotFoundError) as error:  # a missing file, array or column
+        except (KeyError, FileNotFoundError, ValueError) as error:  # missing, unreadable or inconsistent
             raise ConfigError(message_of(error)) from error
         self.num_classes = int(labels.max()) + 1
         hparams = self.hparams

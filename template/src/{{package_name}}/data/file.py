@@ -45,7 +45,7 @@ class FileDataModule(ArrayDataModule):
 
     def read_predict_file(self, path: Path) -> tuple[np.ndarray, np.ndarray | None]:
         # Columns are matched by position, so a CSV to predict must name them as data.path does.
-        if path.suffix == self.path.suffix == ".csv":
+        if path.suffix == self.path.suffix == ".csv" and path.is_file():
             expected, given = (
                 [c for c in csv_header(p) if c != self.label_column] for p in (self.path, path)
             )

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -277,9 +278,11 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             _check_archive(path)
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=archive)
     except Exception as error:
+        # torch's own message can span many lines, with terminal colour codes: its first line.
+        reason = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()[0]
         raise ValueError(
             f"{path} is not a readable checkpoint (corrupt, truncated, or a pickled object, which "
-            f"weights-only loading refuses to run): {error}"
+            f"weights-only loading refuses to run): {reason}"
         ) from None
     if not isinstance(checkpoint, dict):
         raise ValueError(f"{path} holds a {type(checkpoint).__name__}, not a checkpoint or state_dict")

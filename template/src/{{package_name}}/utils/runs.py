@@ -4,8 +4,8 @@ The rules, in one place:
 
 - A run name is one directory name, so no run writes outside ``runs_dir``.
 - A directory that holds files belongs to its run: only resuming from one of its checkpoints
-  continues there. A start that fails on a setting (a one-line error) removes the directory it
-  created, so the name can be used again at once.
+  continues there. A start that fails on a setting (a one-line error) removes the directories it
+  made, so the same command can be run again at once.
 - ``--ckpt_path last`` is the newest ``last.ckpt`` of the named run, or of any run.
 - The process that trains in a directory holds its lock (the file ``.lock``, naming the
   process), so two processes never train in one run at once. The operating system releases
@@ -24,7 +24,8 @@ NAME = re.compile(r"[\w][\w.=+@-]*")
 
 # The lock files this process holds, open for as long as it lives (a lock is per open file).
 _held: dict[Path, IO[str]] = {}
-_created: set[Path] = set()  # the run directories, and runs directories, this process made
+_created: set[Path] = set()  # the run (and output) directories this process made
+_created_parents: set[Path] = set()  # and the directories it made to hold them
 
 
 class RunDirectoryError(ValueError):
@@ -61,19 +62,32 @@ def claim(run_dir: Path, resumed: bool) -> None:
         if last.is_file():
             held = f"a run: resume it with --ckpt_path {last}"
         raise RunDirectoryError(f"{run_dir} already holds {held}; choose another --run_name, or delete it")
-    _created.update(path.resolve() for path in (run_dir.parent, run_dir) if not path.exists())
+    expect_new(run_dir)
     _lock(run_dir)
 
 
-def remove_failed_starts() -> None:
-    """Remove the run directories this process made and holds, with no checkpoint in them: what a
-    start that failed on a setting left behind."""
-    for run_dir in list(_held):
-        if run_dir in _created and not any(run_dir.glob("*.ckpt")):
-            release(run_dir)
-            shutil.rmtree(run_dir, ignore_errors=True)
-            if run_dir.parent in _created and not any(run_dir.parent.iterdir()):
-                run_dir.parent.rmdir()
+def expect_new(directory: Path) -> None:
+    """Note that this process makes ``directory`` (and its parent, if new), to remove them if the
+    start fails on a setting."""
+    if not directory.parent.exists():
+        _created_parents.add(directory.parent.resolve())
+    if not directory.exists():
+        _created.add(directory.resolve())
+
+
+def end_command(refused: bool) -> None:
+    """At the end of a command: if it was refused on a setting, remove the directories it made
+    that hold no checkpoint, and the parents it made for them if nothing else is in them, so that
+    it can simply be run again."""
+    for directory in _created if refused else ():
+        if directory.is_dir() and not any(directory.rglob("*.ckpt")):
+            release(directory)
+            shutil.rmtree(directory, ignore_errors=True)
+    for parent in _created_parents if refused else ():
+        if parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+    _created.clear()
+    _created_parents.clear()
 
 
 def release(run_dir: Path) -> None:
