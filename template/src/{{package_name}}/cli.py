@@ -73,6 +73,9 @@ warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists 
 # cloud logger: nothing a user of this project can act on.
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+# Lightning's hint to use srun on any machine where Slurm is installed: scripts/slurm/train.sbatch
+# runs training under srun, and a command run outside it is meant to run there.
+warnings.filterwarnings("ignore", message="The `srun` command is available on your system but is not used")
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
     lambda record: "litlogger" not in record.getMessage()
 )
