@@ -81,11 +81,12 @@ def install(project: Path) -> None:
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(project)],
         check=True,
+        timeout=600,
     )
     _installed = installing
 
 
-def run_python(project: Path, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+def run_python(project: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     """Run this environment's Python in a generated project's directory, outside this pytest run.
 
     After ``timeout`` seconds the process and every process it started (DDP workers, data loader

@@ -24,6 +24,7 @@ def default_project(tmp_path_factory):
             destination,
         ],
         check=True,
+        timeout=300,
     )
     install(destination)
     return destination

@@ -31,6 +31,7 @@ def site(tmp_path_factory):
         capture_output=True,
         text=True,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "WARNING" not in result.stderr, result.stderr

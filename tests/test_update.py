@@ -43,7 +43,8 @@ CONFLICT = re.compile(r"^(<{7}|>{7}|={7})( |$)", re.MULTILINE)
 
 
 def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+    command = ["git", *args]
+    return subprocess.run(command, cwd=cwd, check=True, capture_output=True, text=True, timeout=120).stdout
 
 
 def releases() -> list[tuple[str, str]]:
@@ -65,7 +66,8 @@ def _replace_tree(repo: Path, files: dict[str, bytes]) -> None:
 
 
 def _tree_at(commit: str) -> dict[str, bytes]:
-    archive = subprocess.run(["git", "archive", commit], cwd=ROOT, check=True, capture_output=True).stdout
+    command = ["git", "archive", commit]
+    archive = subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=120).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         return {member.name: tar.extractfile(member).read() for member in tar.getmembers() if member.isfile()}
 
@@ -430,6 +432,7 @@ def test_pre_commit_refuses_conflict_markers_and_rejects(template_repo, tmp_path
         [sys.executable, "-m", "pre_commit_hooks.check_merge_conflict", "--assume-in-merge", str(conflicted)],
         capture_output=True,
         text=True,
+        timeout=120,
     )
     assert check.returncode == 1 and "Merge conflict string" in check.stdout
 
@@ -442,5 +445,6 @@ def test_pre_commit_refuses_conflict_markers_and_rejects(template_repo, tmp_path
         cwd=project,
         capture_output=True,
         text=True,
+        timeout=300,
     )
     assert hook.returncode == 1 and "pyproject.toml.rej" in hook.stdout
