@@ -272,8 +272,13 @@ def test_requeued_job_resumes_to_the_weights_of_an_uninterrupted_one(slurm, proj
     assert "training exited with status 143" in output, output[-3000:]
     assert f"job {interrupted} start 1: run slurm-{interrupted}" in output
     assert len(list(run.rglob("config-resumed-*.yaml"))) == 1
+    # One line per part of each job, written by rank 0 alone: the stop, then the resumed end.
     records = [json.loads(line) for line in (project / "experiments.jsonl").read_text().splitlines()]
-    assert [record["run_name"] for record in records] == [f"slurm-{reference}", f"slurm-{interrupted}"]
+    assert [(record["run_name"], record["status"]) for record in records] == [
+        (f"slurm-{reference}", "finished"),
+        (f"slurm-{interrupted}", "interrupted"),
+        (f"slurm-{interrupted}", "finished"),
+    ]
 
     expected, resumed = _weights(reference_run / "last.ckpt"), _weights(run / "last.ckpt")
     assert expected.keys() == resumed.keys()
