@@ -9,6 +9,7 @@ default; the rules are in ``utils/runs.py``): checkpoints, logger files and the 
 """
 
 import errno
+import importlib
 import logging
 import os
 import shlex
@@ -32,6 +33,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
+from .data import ArrayDataModule
 from .errors import ConfigError, message_of
 from .utils import (
     AtomicCheckpointIO,
@@ -146,6 +148,16 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     }
 
 
+def _set_size(settings: Namespace, key: str, size: int | None, what: str) -> None:
+    name = key.rpartition(".")[2]
+    if settings[name] is None:
+        settings[name] = size
+    elif size is not None and settings[name] != size:
+        raise ConfigError(
+            f"The data has {size} {what} but {key} is {settings[name]}; leave it unset to take it from the data"
+        )
+
+
 class CLI(LightningCLI):
     """LightningCLI with one directory per run, exact resuming and an experiment record."""
 
@@ -174,8 +186,9 @@ class CLI(LightningCLI):
             "--inputs",
             type=str | None,
             default=None,
-            help="predict only: classify the samples in this .npy, .npz or .csv file instead of the "
-            "checkpoint's test split (features as the data module loads them; labels, if any, are kept).",
+            help="predict only: predict the samples in this .npy, .npz or .csv file instead of the "
+            "checkpoint's test split (features as in the training data, preprocessed as in training; "
+            "labels, if any, are kept).",
         )
         parser.add_argument(
             "--ddp_timeout_s",
@@ -195,7 +208,6 @@ class CLI(LightningCLI):
         )
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
-        parser.link_arguments("model.init_args.num_classes", "model.init_args.network.init_args.num_classes")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         # Checked here, before LightningCLI reads the checkpoint's hyper-parameters.
@@ -261,6 +273,7 @@ class CLI(LightningCLI):
             if self.subcommand != "predict":
                 self.parser.error(f"--inputs is for predict, not {self.subcommand}")
             config.data.init_args.predict_path = config.inputs
+        self._set_sizes(config)
         try:
             run_dir, resumed = self._run_dir(config)
         except runs.RunDirectoryError as error:
@@ -286,6 +299,31 @@ class CLI(LightningCLI):
             "config_filename": f"config-resumed-{_start_time()}.yaml" if resumed else "config.yaml",
             "overwrite": self.subcommand != "fit",
         }
+
+    def _set_sizes(self, config: Namespace) -> None:
+        """Give the model and its network the data's sizes (classes, input features, outputs) where
+        they are unset, and refuse one set by hand that differs from the data's."""
+        module, _, name = config.data.class_path.rpartition(".")
+        data_class = getattr(importlib.import_module(module), name, None)
+        if not (isinstance(data_class, type) and issubclass(data_class, ArrayDataModule)):
+            return  # a data module of another kind: the sizes are as configured
+        try:
+            data = data_class(**config.data.init_args.as_dict())
+            sizes = {"num_classes": data.num_classes, "in_features": data.num_features}
+        except (KeyError, FileNotFoundError, ValueError) as error:
+            raise ConfigError(message_of(error)) from error
+        model = config.model.init_args
+        if "num_classes" in model:
+            _set_size(model, "model.init_args.num_classes", sizes["num_classes"], "classes")
+            sizes["num_classes"] = model.num_classes
+        if data.task == "regression":
+            sizes["num_outputs"] = 1
+        network = model.get("network")
+        if isinstance(network, Namespace) and isinstance(network.get("init_args"), Namespace):
+            for key, value in sizes.items():
+                if key in network.init_args and value is not None:
+                    what = {"in_features": "input features", "num_outputs": "outputs"}.get(key, "classes")
+                    _set_size(network.init_args, f"model.init_args.network.init_args.{key}", value, what)
 
     def _check_precision(self, trainer: Namespace) -> None:
         """Refuse a precision the device cannot run, which Lightning would silently replace."""

@@ -1,12 +1,11 @@
 """Splitting and loading shared by every dataset that fits in memory as a feature and a label array."""
 
-import csv
 import inspect
 import math
 import os
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -20,57 +19,11 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset, defa
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ..errors import ConfigError, message_of
+from . import preprocessing
+from .preprocessing import Preprocessing
+from .tables import DataError, Table, check_numeric, class_labels, read_table
 
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
-
-
-def csv_header(path: Path) -> list[str]:
-    """The column names in the first row of a CSV file (empty for an empty file)."""
-    with path.open(newline="") as file:
-        return next(csv.reader(file), [])
-
-
-def read_samples(
-    path: Path, features_key: str = "features", labels_key: str = "labels", label_column: str = "label"
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Features, one row per sample, and labels (``None`` when the file has none) from a file:
-
-    - ``.npy``: the features alone;
-    - ``.npz``: the features under ``features_key``, the labels, if any, under ``labels_key``;
-    - ``.csv``: a header row and numeric columns, the labels, if any, in ``label_column``.
-    """
-    if path.suffix not in (".npy", ".npz", ".csv"):
-        raise ValueError(f"{path} is not a .npy, .npz or .csv file")
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file {path}")
-    if path.suffix == ".csv":
-        return _read_csv(path, label_column)
-    try:
-        if path.suffix == ".npy":
-            return np.load(path), None
-        with np.load(path) as archive:
-            if features_key not in archive.files:
-                raise KeyError(f"{path} has no array {features_key!r}; it holds {archive.files}")
-            labels = archive[labels_key] if labels_key in archive.files else None
-            return archive[features_key], labels
-    except (OSError, EOFError, ValueError, zipfile.BadZipFile):
-        raise ValueError(f"{path} is not a readable NumPy {path.suffix} file") from None
-
-
-def _read_csv(path: Path, label_column: str) -> tuple[np.ndarray, np.ndarray | None]:
-    with path.open(newline="") as file:
-        rows = csv.reader(file)
-        header, first_sample = next(rows, None), next(rows, None)
-    if header is None or first_sample is None:
-        raise ValueError(f"{path} has no samples: it needs a header row, then one row per sample")
-    try:
-        table = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
-    except ValueError as error:
-        raise ValueError(f"{path} is not a table of numbers under one header row: {error}") from None
-    if label_column not in header:
-        return table, None
-    label = header.index(label_column)
-    return np.delete(table, label, axis=1), table[:, label]
 
 
 class EpochSampler(DistributedSampler):
@@ -94,11 +47,15 @@ class TensorBatches(TensorDataset):
 
 
 class ArrayDataModule(LightningDataModule):
-    """Stratified train/val/test split of ``load_arrays()``, with an optional subset for smoke runs.
+    """Train/val/test split of ``load_table()`` (by default ``load_arrays()``), preprocessed, with
+    an optional subset for smoke runs.
 
-    The split depends only on ``split_seed``, never on the training seed, so every run of a
-    project evaluates on the same samples. The constrained types (``PositiveInt`` and the like)
-    make the CLI refuse an impossible value at start-up, naming its key.
+    The split is stratified by class for classification, and depends only on ``split_seed``, never
+    on the training seed, so every run of a project evaluates on the same samples. The
+    preprocessing (see ``preprocessing.py``) is fitted on the training split only and saved in
+    checkpoints, with the model and with this data module's state. The constrained types
+    (``PositiveInt`` and the like) make the CLI refuse an impossible value at start-up, naming
+    its key.
 
     Args:
         batch_size: samples per batch on each process.
@@ -115,11 +72,14 @@ class ArrayDataModule(LightningDataModule):
             when training on a GPU.
         drop_last: leave out each epoch's last, incomplete training batch (the samples left out
             change from epoch to epoch, as the order does).
-        predict_path: a file of samples for ``predict`` to classify instead of the test split
-            (``predict --inputs`` sets it), read by ``read_predict_file``: features in the form
-            ``load_arrays`` returns them; labels, if the file has them, become ``label`` in
-            ``predictions.csv``.
+        predict_path: a file of samples for ``predict`` instead of the test split (``predict
+            --inputs`` sets it), read by ``read_predict_table``; labels, if the file has them,
+            become ``label`` in ``predictions.csv``.
+        standardize: standardise each numeric feature with the training split's mean and
+            standard deviation.
     """
+
+    task: Literal["classification", "regression"] = "classification"
 
     def __init__(
         self,
@@ -132,6 +92,7 @@ class ArrayDataModule(LightningDataModule):
         pin_memory: bool | None = None,
         drop_last: bool = False,
         predict_path: str | None = None,
+        standardize: bool = False,
     ) -> None:
         super().__init__()
         if subset is not None and subset > 1 and not float(subset).is_integer():
@@ -145,92 +106,145 @@ class ArrayDataModule(LightningDataModule):
             )
         self.save_hyperparameters()
         # LightningCLI saves only the arguments it passes, and evaluating a checkpoint passes the
-        # data settings saved in it: a checkpoint older than an argument (v0.2.0's lack drop_last
-        # and predict_path) leaves that argument at its default, which is saved here.
+        # data settings saved in it: a checkpoint older than an argument (v0.2.0's lack drop_last,
+        # predict_path and standardize) leaves that argument at its default, which is saved here.
         arguments = locals()
         for name in inspect.signature(ArrayDataModule).parameters:
             self.hparams.setdefault(name, arguments[name])
         self.batch_size = batch_size
-        self.splits: dict[str, TensorBatches] = {}
-        self.num_classes: int | None = None
-        # Each split's samples as rows of load_arrays(), e.g. the rows of a data file.
+        self.table: Table | None = None  # every sample, as loaded
+        self.preprocessing: Preprocessing | None = None  # fitted on the training split
+        # Each split's samples as rows of the table, e.g. the rows of a data file.
         self.rows: dict[str, np.ndarray] = {}
+        self.splits: dict[str, TensorBatches] = {}
 
     def load_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Return all features (one row per sample) and integer class labels."""
+        """Return all features (one row per sample) and labels (classes, or regression targets)."""
         raise NotImplementedError
 
-    def read_predict_file(self, path: Path) -> tuple[np.ndarray, np.ndarray | None]:
-        """Features and labels (or ``None``) of the samples in ``predict_path``; see ``read_samples``."""
-        return read_samples(path)
+    def load_table(self) -> Table:
+        """Every sample, read and checked; by default ``load_arrays()``'s."""
+        features, labels = self.load_arrays()
+        rows = [f"sample {i}" for i in range(len(features))]
+        names = [f"feature {i}" for i in range(int(np.prod(np.shape(features)[1:])))]
+        table = Table(Path(type(self).__name__), np.asarray(features, np.float64), names, labels=labels, rows=rows)
+        check_numeric(table)
+        return table
+
+    def read_predict_table(self, path: Path) -> Table:
+        """The samples of ``predict_path`` (labels optional); see ``tables.read_table``."""
+        return read_table(path)
 
     @property
     def predict_split(self) -> str:
-        """The split ``predict`` classifies: the samples of ``predict_path`` if given, else the test split."""
+        """The split ``predict`` runs on: the samples of ``predict_path`` if given, else the test split."""
         return "predict" if self.hparams.predict_path else "test"
+
+    @property
+    def num_classes(self) -> int | None:
+        """The number of classes in the training split (None for regression)."""
+        return len(self.prepare().classes) if self.task == "classification" else None
+
+    @property
+    def num_features(self) -> int:
+        """The number of features the network receives, after preprocessing."""
+        return self.prepare().output_size(self.table.numeric.shape[1:])
+
+    @property
+    def class_counts(self) -> np.ndarray:
+        """The number of training samples of each class, by class index."""
+        labels = preprocessing.encode_labels(self.table.take(self.rows["train"]), self.prepare(), self.task)
+        return np.bincount(labels.numpy(), minlength=len(self.preprocessing.classes))
+
+    def prepare(self) -> Preprocessing:
+        """Load, check and split the data, and fit the preprocessing on the training split; once."""
+        if self.preprocessing is not None:
+            return self.preprocessing
+        try:
+            self.table = table = self.load_table()
+            if table.labels is None:
+                raise DataError(f"{table.source} has no labels ({table.label_name!r})")
+            train, val, test = self._split(table)
+            self.preprocessing = preprocessing.fit(table.take(train), self.task, self.hparams.standardize)
+        except (KeyError, FileNotFoundError, ValueError) as error:  # missing, unreadable or inconsistent
+            raise ConfigError(message_of(error)) from error
+        for name, split in {"train": train, "val": val, "test": test}.items():
+            self.rows[name] = split[: self._subset_size(len(split))]
+        return self.preprocessing
+
+    def _split(self, table: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        hparams = self.hparams
+        holdout = hparams.val_fraction + hparams.test_fraction
+        classes = class_labels(table) if self.task == "classification" else None
+        indices = np.arange(len(table))
+        try:
+            train, rest = train_test_split(
+                indices, test_size=holdout, stratify=classes, random_state=hparams.split_seed
+            )
+            val, test = train_test_split(
+                rest,
+                test_size=hparams.test_fraction / holdout,
+                stratify=None if classes is None else classes[rest],
+                random_state=hparams.split_seed,
+            )
+        except ValueError as error:
+            if classes is None:
+                raise
+            names, counts = np.unique(classes, return_counts=True)
+            rarest = names[counts.argmin()]
+            rows = [table.rows[i] for i in np.flatnonzero(classes == rarest)[:3]]
+            raise DataError(
+                f"{table.source}, column {table.label_name!r}: the class {rarest!r} has {counts.min()} "
+                f"samples ({', '.join(rows)}), too few to be split by class into train, val and test "
+                f"({error}); add samples, or drop or merge the rarest classes"
+            ) from None
+        return train, val, test
 
     def setup(self, stage: str) -> None:
         if self.splits:
             return
-        try:
-            features, labels = self.load_arrays()
-        except (KeyError, FileNotFoundError, ValueError) as error:  # missing, unreadable or inconsistent
-            raise ConfigError(message_of(error)) from error
-        self.num_classes = int(labels.max()) + 1
-        hparams = self.hparams
-        indices = np.arange(len(labels))
-        train, holdout = train_test_split(
-            indices,
-            test_size=hparams.val_fraction + hparams.test_fraction,
-            stratify=labels,
-            random_state=hparams.split_seed,
-        )
-        val, test = train_test_split(
-            holdout,
-            test_size=hparams.test_fraction / (hparams.val_fraction + hparams.test_fraction),
-            stratify=labels[holdout],
-            random_state=hparams.split_seed,
-        )
-        features, labels = torch.as_tensor(features), torch.as_tensor(labels)
-        for name, split in {"train": train, "val": val, "test": test}.items():
-            kept = split[: self._subset_size(len(split))]
-            self.splits[name] = TensorBatches(features[kept], labels[kept])
-            self.rows[name] = kept
-        if self.hparams.predict_path:
-            self._add_predict_split(Path(self.hparams.predict_path), features)
+        self.prepare()
+        self._encode()
         self._check_batch_size()
 
-    def _add_predict_split(self, path: Path, trained_on: Tensor) -> None:
+    def _encode(self) -> None:
+        """The splits as tensors, by the current preprocessing (fitted, or restored from a checkpoint)."""
+        tables = {name: self.table.take(rows) for name, rows in self.rows.items() if name != "predict"}
+        if self.hparams.predict_path:
+            tables["predict"] = self._predict_table(Path(self.hparams.predict_path))
         try:
-            features, labels = self.read_predict_file(path)
+            for name, table in tables.items():
+                tensors = [preprocessing.encode_features(table, self.preprocessing, name)]
+                if table.labels is not None:
+                    tensors.append(preprocessing.encode_labels(table, self.preprocessing, self.task))
+                self.splits[name] = TensorBatches(*tensors)
+        except DataError as error:
+            prefix = "--inputs: " if "predict" in tables and table is tables["predict"] else ""
+            raise ConfigError(prefix + str(error)) from error
+
+    def _predict_table(self, path: Path) -> Table:
+        try:
+            table = preprocessing.align(self.read_predict_table(path), self.preprocessing, self.table)
         except (KeyError, FileNotFoundError, ValueError) as error:
             raise ConfigError(f"--inputs: {message_of(error)}") from error
-        if features.shape[1:] != trained_on.shape[1:]:
-            raise ConfigError(
-                f"--inputs: {path} holds samples of shape {features.shape[1:]}; the model was trained "
-                f"on samples of shape {tuple(trained_on.shape[1:])}"
-            )
-        if len(features) == 0:
+        if len(table) == 0:
             raise ConfigError(f"--inputs: {path} holds no samples")
-        not_finite = np.flatnonzero(~np.isfinite(features).reshape(len(features), -1).all(axis=1))
-        if len(not_finite):
-            raise ConfigError(
-                f"--inputs: {len(not_finite)} samples of {path} have values that are NaN or infinite "
-                f"(rows {not_finite[:5].tolist()}{', ...' if len(not_finite) > 5 else ''})"
-            )
-        tensors = [torch.as_tensor(features, dtype=trained_on.dtype)]
-        if labels is not None:
-            if len(labels) != len(features):
-                raise ConfigError(f"--inputs: {path} holds {len(features)} samples but {len(labels)} labels")
-            classes = range(self.num_classes or 0)
-            wrong = [label.item() for label in np.unique(labels) if label not in classes]
-            if wrong:
-                raise ConfigError(
-                    f"--inputs: labels must be the classes 0 to {classes.stop - 1}; {path} has {wrong[:5]}"
-                )
-            tensors.append(torch.as_tensor(labels, dtype=torch.int64))
-        self.splits["predict"] = TensorBatches(*tensors)
-        self.rows["predict"] = np.arange(len(features))
+        self.rows["predict"] = np.arange(len(table))
+        return table
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"preprocessing": self.preprocessing.state_dict()} if self.preprocessing is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # The preprocessing a checkpoint was trained with, in case the data file has changed since.
+        if "preprocessing" not in state_dict or self.preprocessing is None:
+            return
+        saved = Preprocessing()
+        saved.load_state_dict(state_dict["preprocessing"])
+        if not saved.same_as(self.preprocessing):
+            self.preprocessing = saved
+            self.splits.clear()
+            self._encode()
 
     def _check_batch_size(self) -> None:
         """Refuse a batch size that leaves a process nothing to train on, or a last batch of one

@@ -1,61 +1,62 @@
-"""Your own data from one file in ``data/``: an ``.npz`` archive or a CSV table.
+"""Your own data from one file in ``data/``: a CSV table or an ``.npz`` archive.
 
+- ``.csv``: a header row, then one row per sample. The label is in ``label_column``: class names
+  or whole numbers for classification, numbers for regression. Columns of numbers are numeric
+  features; columns of text are categorical features, one-hot encoded.
 - ``.npz``: an array of features (one row per sample, any trailing shape) under
-  ``features_key`` and integer labels ``0..C-1`` under ``labels_key``.
-- ``.csv``: a header row, numeric columns, and the integer label in ``label_column``.
+  ``features_key`` and the labels under ``labels_key``.
 
-``predict --inputs`` reads new samples from a file of the same kind, without labels if need be.
+The numeric features are standardised, the categories and the classes found, on the training
+split only; ``predict --inputs`` reads new samples from a file of the same kind, labels optional,
+and preprocesses them in the same way. Every value is checked as it is read (see ``tables.py``).
 
-Use it with ``--config configs/data/file.yaml --data.init_args.path data/my_data.npz``.
+Use it with ``--config configs/data/file.yaml --data.init_args.path data/my_data.csv``.
 """
 
 from pathlib import Path
+from typing import Literal
 
-import numpy as np
-
-from .base import ArrayDataModule, csv_header, read_samples
+from .base import ArrayDataModule
+from .tables import Table, read_table
 
 
 class FileDataModule(ArrayDataModule):
-    """Features and labels read from an .npz or CSV file, split like every ArrayDataModule."""
+    """Features and labels read from a CSV or .npz file, split like every ArrayDataModule.
+
+    Args:
+        path: the data file.
+        label_column: the CSV column that holds the labels.
+        features_key: the .npz array that holds the features.
+        labels_key: the .npz array that holds the labels.
+        task: ``classification`` (labels are classes) or ``regression`` (labels are numbers).
+        standardize: standardise the numeric features (on by default for a file).
+    """
 
     def __init__(
         self,
         path: str,
+        label_column: str = "label",
         features_key: str = "features",
         labels_key: str = "labels",
-        label_column: str = "label",
+        task: Literal["classification", "regression"] = "classification",
+        standardize: bool = True,
         **kwargs,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(standardize=standardize, **kwargs)
         self.path = Path(path)
         if self.path.suffix not in (".npz", ".csv"):
             raise ValueError(f"data.path must end in .npz or .csv, got {path}")
         if not self.path.is_file():
             raise FileNotFoundError(f"data.path: no such file {path}; put your dataset in data/")
-        self.features_key, self.labels_key, self.label_column = features_key, labels_key, label_column
+        self.task = task
+        self.label_column, self.features_key, self.labels_key = label_column, features_key, labels_key
 
-    def load_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        features, labels = read_samples(self.path, self.features_key, self.labels_key, self.label_column)
-        if labels is None:
-            raise KeyError(self._no_labels())
-        if len(features) != len(labels):
-            raise ValueError(f"{self.path}: {len(features)} feature rows but {len(labels)} labels")
-        return features.astype(np.float32), labels.astype(np.int64)
+    def load_table(self) -> Table:
+        return self._read(self.path)
 
-    def read_predict_file(self, path: Path) -> tuple[np.ndarray, np.ndarray | None]:
-        # Columns are matched by position, so a CSV to predict must name them as data.path does.
-        if path.suffix == self.path.suffix == ".csv" and path.is_file():
-            expected, given = (
-                [c for c in csv_header(p) if c != self.label_column] for p in (self.path, path)
-            )
-            if given != expected:
-                raise ValueError(f"{path} has the feature columns {given}; data.path has {expected}")
-        return read_samples(path, self.features_key, self.labels_key, self.label_column)
+    def read_predict_table(self, path: Path) -> Table:
+        return self._read(path)
 
-    def _no_labels(self) -> str:
-        if self.path.suffix == ".npz":
-            with np.load(self.path) as archive:
-                return f"{self.path} has no array {self.labels_key!r}; it holds {archive.files}"
-        header = csv_header(self.path)
-        return f"{self.path} has no column {self.label_column!r}; its columns are {header}"
+    def _read(self, path: Path) -> Table:
+        labels = self.label_column if path.suffix == ".csv" else self.labels_key
+        return read_table(path, labels, self.features_key)

@@ -1,6 +1,8 @@
-"""Networks (plain ``nn.Module``, one family per file) and the LightningModule that trains them."""
+"""Networks (plain ``nn.Module``, one family per file) and the LightningModules that train them."""
 
+from .base import SupervisedModule
 from .classifier import Classifier
 from .mlp import MLP
+from .regressor import Regressor
 
-__all__ = ["MLP", "Classifier"]
+__all__ = ["MLP", "Classifier", "Regressor", "SupervisedModule"]

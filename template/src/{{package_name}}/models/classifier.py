@@ -1,285 +1,104 @@
-"""The LightningModule that trains a classification network: loss, metrics, optimizer and schedule.
+"""The LightningModule that trains a classification network: cross-entropy, accuracy and macro-F1."""
 
-The network itself is any ``nn.Module`` chosen in config (``model.init_args.network``), so a new
-architecture is a new file in ``models/`` and a config change, not an edit here.
-"""
-
-import importlib
-import inspect
-import math
-from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 import torch
-from jsonargparse.typing import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
-from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import grad_norm
+from jsonargparse.typing import PositiveInt
+from sklearn.utils.class_weight import compute_class_weight
 from torch import Tensor, nn
-from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LambdaLR
-from torchmetrics import MeanMetric, MetricCollection
+from torch.nn import functional
+from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from ..errors import ConfigError
+from .base import SupervisedModule
 
 
-class Classifier(LightningModule):
-    """Cross-entropy training with a ``torch.optim`` optimizer (AdamW by default), linear warm-up
-    then a decay schedule (cosine by default), accuracy and macro-F1.
-
-    The constrained types (``PositiveFloat`` and the like) make the CLI refuse an impossible value
-    at start-up, naming its key.
+class Classifier(SupervisedModule):
+    """Cross-entropy training, with optional label smoothing and class weights; accuracy and
+    macro-F1 on every split. ``predict`` returns the class probabilities.
 
     Args:
         network: the ``nn.Module`` mapping a batch of inputs to class logits.
-        num_classes: number of classes; also given to the network by the CLI.
-        lr: peak learning rate, reached after warm-up. With ``scale_lr`` it is the rate for
-            ``base_batch_size`` and grows linearly with the effective batch size.
-        weight_decay: the optimizer's weight decay (decoupled for AdamW).
-        optimizer: the optimizer: a class of ``torch.optim`` by name (``AdamW``, ``SGD``, ...) or
-            any optimizer class by its dotted path.
-        optimizer_args: the optimizer's other arguments, e.g. ``{momentum: 0.9, nesterov: true}``
-            for SGD; ``lr`` and ``weight_decay`` are set above, once.
-        warmup_steps: optimizer steps of linear warm-up to ``lr``.
-        schedule: the learning rate after warm-up, until the run's last step: ``cosine`` decay to
-            0, ``linear`` decay to 0, or ``constant``.
-        scale_lr: apply the linear scaling rule to ``lr``.
-        base_batch_size: the effective batch size at which ``lr`` applies unscaled.
-        compile: compile the network with ``torch.compile`` before training. The first steps
-            take longer while it compiles; the later ones run faster where the network's
-            operations are worth fusing.
+        num_classes: number of classes; by default the data's. Also given to the network.
+        label_smoothing: the share of each target's probability spread over all classes (0: none).
+        class_weights: the weight of each class in the training loss, by class index, or
+            ``balanced``: inversely proportional to the class's share of the training split, for
+            imbalanced data. The validation and test loss stay unweighted cross-entropy.
+        **kwargs: optimizer and schedule, see ``SupervisedModule``.
     """
 
     def __init__(
         self,
         network: nn.Module,
-        num_classes: PositiveInt = 10,
-        lr: PositiveFloat = 3e-3,
-        weight_decay: NonNegativeFloat = 0.01,
-        optimizer: str = "AdamW",
-        optimizer_args: dict[str, Any] | None = None,
-        warmup_steps: NonNegativeInt = 50,
-        schedule: Literal["cosine", "linear", "constant"] = "cosine",
-        scale_lr: bool = False,
-        base_batch_size: PositiveInt = 64,
-        compile: bool = False,
+        num_classes: PositiveInt | None = None,
+        label_smoothing: float = 0.0,
+        class_weights: list[float] | Literal["balanced"] | None = None,
+        **kwargs,
     ) -> None:
-        super().__init__()
-        for key, value in {"lr": lr, "weight_decay": weight_decay}.items():
-            if not math.isfinite(value):
-                raise ConfigError(f"model.init_args.{key} must be a finite number, got {value}")
-        self.save_hyperparameters()
-        self.optimizer_class = optimizer_class(optimizer, optimizer_args or {}, weight_decay)
-        self.network = network
-        self.loss_fn = nn.CrossEntropyLoss(reduction="none")  # per sample: evaluation averages over samples
-        # The inputs come from the network itself, so the metrics skip validating them, which
-        # would wait for the device; so does the mean loss, which skips its NaN check.
-        metrics = MetricCollection(
-            {
-                "acc": MulticlassAccuracy(num_classes, average="micro", validate_args=False),
-                "f1": MulticlassF1Score(num_classes, average="macro", validate_args=False),
-            }
+        super().__init__(network, **kwargs)
+        if num_classes is None:
+            raise ConfigError("model.init_args.num_classes is not set, and the data module does not give it")
+        if not 0 <= label_smoothing < 1:
+            raise ConfigError(f"model.init_args.label_smoothing must be in [0, 1), got {label_smoothing}")
+        if isinstance(class_weights, list) and (
+            len(class_weights) != num_classes or not all(w >= 0 and w < float("inf") for w in class_weights)
+        ):
+            raise ConfigError(
+                f"model.init_args.class_weights must be {num_classes} non-negative numbers, one per class, "
+                f"or balanced; got {class_weights}"
+            )
+        weights = class_weights if isinstance(class_weights, list) else [1.0] * num_classes
+        self.register_buffer("class_weight", torch.tensor(weights, dtype=torch.float32), persistent=False)
+        self.init_metrics(
+            MetricCollection(
+                {
+                    # The inputs come from the network itself, so the metrics skip validating
+                    # them, which would wait for the device.
+                    "acc": MulticlassAccuracy(num_classes, average="micro", validate_args=False),
+                    "f1": MulticlassF1Score(num_classes, average="macro", validate_args=False),
+                }
+            )
         )
-        self.train_loss = MeanMetric(nan_strategy="disable")
-        self.val_loss = MeanMetric(nan_strategy="disable")
-        self.test_loss = MeanMetric(nan_strategy="disable")
-        self.train_outputs: list[tuple[Tensor, Tensor, Tensor]] = []  # not yet in the metrics
-        self.train_metrics = metrics.clone(prefix="train/")
-        self.val_metrics = metrics.clone(prefix="val/")
-        self.test_metrics = metrics.clone(prefix="test/")
-        self.total_steps = 1  # the run's optimizer steps, known once training starts
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.network(x)
-
-    def configure_model(self) -> None:
-        if self.hparams.compile:
-            self.network.compile()  # in place, so the weights keep their names in checkpoints
+    @property
+    def class_names(self) -> list[str]:
+        """The classes' names, by class index (their indices for a model trained before names)."""
+        return self.preprocess.classes or [str(c) for c in range(self.hparams.num_classes)]
 
     def setup(self, stage: str) -> None:
-        classes = getattr(self.trainer.datamodule, "num_classes", None)
+        super().setup(stage)
+        data = self.trainer.datamodule
+        classes = getattr(data, "num_classes", None)
         if classes is not None and classes != self.hparams.num_classes:
             raise ConfigError(
                 f"The data has {classes} classes but model.init_args.num_classes is "
-                f"{self.hparams.num_classes}; set --model.init_args.num_classes={classes}"
+                f"{self.hparams.num_classes}; leave it unset to take it from the data"
             )
+        if self.hparams.class_weights == "balanced":
+            counts = getattr(data, "class_counts", None)
+            if counts is None:
+                raise ConfigError("model.init_args.class_weights=balanced needs the data's class counts")
+            present = counts.nonzero()[0]
+            labels = torch.arange(len(counts)).repeat_interleave(torch.as_tensor(counts)).numpy()
+            weights = torch.ones(len(counts))
+            weights[present] = torch.tensor(compute_class_weight("balanced", classes=present, y=labels)).float()
+            self.class_weight.copy_(weights)
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
-        logits = self(x)
-        loss = self.loss_fn(logits, y).mean()
-        # Collected, and added to the epoch's metrics in one update on the steps the loggers
-        # write: updating them after every step took a tenth of the default model's step time.
-        self.train_outputs.append((logits.detach().argmax(dim=1), y, loss.detach()))
-        # Logged, and checked, only on the steps the loggers write: those read the value anyway,
-        # so no other step waits for the device or pays for logging. No checkpoint is ever saved
-        # with non-finite weights (AtomicCheckpointIO checks every save).
-        if self._logs_this_step():
-            self._update_train_metrics()
-            if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"train/loss is {loss.item()} at step {self.global_step} (epoch {self.current_epoch}, "
-                    f"batch {batch_idx}); stopping, with the checkpoints as they were. Lower "
-                    "model.init_args.lr, or set trainer.detect_anomaly=true to find the operation at fault"
-                )
-            self.log("train/loss", loss, prog_bar=True)
-        return loss
+    def objective(self, logits: Tensor, targets: Tensor) -> Tensor:
+        return functional.cross_entropy(
+            logits,
+            targets,
+            weight=self.class_weight.to(logits.dtype),
+            label_smoothing=self.hparams.label_smoothing,
+            reduction="none",
+        )
 
-    def _update_train_metrics(self) -> None:
-        if self.train_outputs:
-            predictions, targets, losses = zip(*self.train_outputs, strict=True)
-            self.train_metrics.update(torch.cat(predictions), torch.cat(targets))
-            self.train_loss.update(torch.stack(losses))
-            self.train_outputs.clear()
+    def evaluation_loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        return functional.cross_entropy(logits, targets, reduction="none")
 
-    def _logs_this_step(self) -> bool:
-        """Whether the loggers write the values of the current optimizer step."""
-        every = self.trainer.log_every_n_steps
-        return every > 0 and (self.global_step + 1) % every == 0
+    def metric_inputs(self, logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        return logits.argmax(dim=1), targets
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, self.val_metrics, self.val_loss)
-
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        # The logits go on to the callbacks: TestReport builds the confusion matrix from them.
-        return self._evaluate(batch, self.test_metrics, self.test_loss)
-
-    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def predict_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         return self(batch[0]).softmax(dim=-1)
-
-    def _evaluate(self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, loss: MeanMetric) -> Tensor:
-        # Accumulated in metrics and logged once, at the epoch's end: a self.log call per batch
-        # cost more than the batch itself. The mean is over samples, whatever the batches' sizes.
-        x, y = batch
-        logits = self(x)
-        loss.update(self.loss_fn(logits, y))
-        metrics.update(logits, y)
-        return logits
-
-    # Metrics are computed once per epoch from their state accumulated over all processes, then
-    # reset; the epoch's mean loss too, so no step pays for a synchronisation between processes.
-    def on_train_epoch_end(self) -> None:
-        self._update_train_metrics()
-        self.log("train/loss_epoch", self.train_loss.compute(), sync_dist=True)
-        self.train_loss.reset()
-        self._log_epoch_metrics(self.train_metrics)
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_epoch_metrics(self.val_metrics, self.val_loss)
-
-    def on_test_epoch_end(self) -> None:
-        self._log_epoch_metrics(self.test_metrics, self.test_loss)
-
-    def _log_epoch_metrics(self, metrics: MetricCollection, loss: MeanMetric | None = None) -> None:
-        values = metrics.compute()
-        if loss is not None:
-            values[f"{metrics.prefix}loss"] = loss.compute()
-            loss.reset()
-        self.log_dict(values, prog_bar=True, sync_dist=True)
-        metrics.reset()
-
-    def on_before_optimizer_step(self, optimizer) -> None:
-        # The norm before clipping, and the learning rate this step uses, on the steps the loggers
-        # write (logged with the other values, which costs a logger such as wandb one call, not two).
-        if self._logs_this_step():
-            self.log("train/grad_norm", grad_norm(self, norm_type=2)["grad_2.0_norm_total"])
-            self.log("train/lr", optimizer.param_groups[0]["lr"])
-
-    def on_train_start(self) -> None:
-        # The schedule's length is read here rather than in configure_optimizers: asking for it
-        # builds the training loader, which must happen after a resumed run has restored its
-        # loops, or the loader's mid-epoch position is lost.
-        self.total_steps = self.trainer.estimated_stepping_batches
-        for logger in self.loggers:
-            logger.log_hyperparams({"effective_batch_size": self.effective_batch_size})
-        if not math.isfinite(self.total_steps):
-            raise ConfigError(
-                "The learning-rate schedule needs a finite run: set trainer.max_epochs or max_steps"
-            )
-        # A resumed run restores the rate its checkpoint ended on; take the current step's rate
-        # from this run's schedule instead, which differs when max_epochs has changed.
-        for config in self.trainer.lr_scheduler_configs:
-            scheduler = config.scheduler
-            for group, base_lr, factor in zip(
-                scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
-            ):
-                group["lr"] = base_lr * factor(scheduler.last_epoch)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        # Checkpoints of v0.1.0 hold a SequentialLR (LinearLR, then CosineAnnealingLR). The
-        # LambdaLR that replaced it computes the rate from the step alone, which both keep as
-        # last_epoch, so only the chained schedulers' own entries go.
-        for state in checkpoint.get("lr_schedulers", []):
-            if "_schedulers" in state and "lr_lambdas" not in state:
-                del state["_schedulers"], state["_milestones"]
-                state["lr_lambdas"] = [None] * len(state["_last_lr"])
-
-    @property
-    def effective_batch_size(self) -> int:
-        """Samples per optimizer step: batch size x gradient accumulation x number of processes."""
-        batch_size = self.trainer.datamodule.batch_size
-        return batch_size * self.trainer.accumulate_grad_batches * self.trainer.world_size
-
-    def configure_optimizers(self):
-        lr = self.hparams.lr
-        if self.hparams.scale_lr:
-            lr *= self.effective_batch_size / self.hparams.base_batch_size
-        arguments = dict(self.hparams.optimizer_args or {}, lr=lr)
-        if "weight_decay" in inspect.signature(self.optimizer_class).parameters:
-            arguments["weight_decay"] = self.hparams.weight_decay
-        optimizer = self.optimizer_class(self.parameters(), **arguments)
-        scheduler = LambdaLR(optimizer, self.lr_factor)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def lr_factor(self, step: int) -> float:
-        """The schedule: warm-up, then the chosen shape over the run's ``total_steps``."""
-        return lr_factor(step, self.hparams.warmup_steps, self.total_steps, self.hparams.schedule)
-
-
-def optimizer_class(name: str, arguments: dict[str, Any], weight_decay: float) -> type[Optimizer]:
-    """The optimizer class called ``name`` in ``torch.optim``, or at a dotted path, checked
-    against the ``arguments`` and ``weight_decay`` it will be given."""
-    module, _, attribute = name.rpartition(".")
-    try:
-        found = getattr(importlib.import_module(module or "torch.optim"), attribute, None)
-    except ImportError:
-        found = None
-    if not (isinstance(found, type) and issubclass(found, Optimizer)):
-        raise ConfigError(
-            f"model.init_args.optimizer={name} is not an optimizer class: give a torch.optim class "
-            "(AdamW, SGD, Adam, RMSprop, ...) or the dotted path of one"
-        )
-    parameters = inspect.signature(found).parameters
-    for key in ("lr", "weight_decay"):
-        if key in arguments:
-            raise ConfigError(f"model.init_args.optimizer_args.{key}: set model.init_args.{key} instead")
-    if weight_decay and "weight_decay" not in parameters:
-        raise ConfigError(f"{found.__name__} has no weight decay; set model.init_args.weight_decay=0")
-    accepted = [name for name in parameters if name not in ("params", "lr", "weight_decay")]
-    unknown = sorted(arguments.keys() - set(accepted))
-    if unknown:
-        raise ConfigError(
-            f"model.init_args.optimizer_args: {found.__name__} takes no {', '.join(unknown)}; "
-            f"it takes {', '.join(accepted)}"
-        )
-    return found
-
-
-SCHEDULES: dict[str, Callable[[float], float]] = {
-    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
-    "linear": lambda progress: 1.0 - progress,
-    "constant": lambda progress: 1.0,
-}
-
-
-def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "cosine") -> float:
-    """The learning-rate factor at ``step``: linear warm-up to 1, then ``SCHEDULES[schedule]`` of
-    the fraction of the remaining steps done.
-
-    A closed form of the step, unlike chained schedulers, so a run resumed with a longer
-    ``max_epochs`` follows the schedule of its new length instead of restarting a cosine cycle.
-    """
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return SCHEDULES[schedule](progress)

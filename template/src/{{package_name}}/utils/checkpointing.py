@@ -39,8 +39,8 @@ def _is_disk_full(error: BaseException | None) -> bool:
     return False
 
 
-def _finite(tensor: torch.Tensor) -> bool:
-    return not tensor.is_floating_point() or bool(tensor.isfinite().all())
+def _finite(value: Any) -> bool:
+    return not isinstance(value, torch.Tensor) or not value.is_floating_point() or bool(value.isfinite().all())
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -309,6 +309,9 @@ def load_weights(model: LightningModule, path: str | Path) -> None:
     checkpoint = read_checkpoint(path)
     state = checkpoint.get("state_dict", checkpoint)
     state = {key.removeprefix("module."): value for key, value in state.items()}
+    # Weights saved before the model carried its preprocessing: keep the model's, fitted on the data.
+    if not any(name.startswith("preprocess.") for name in state):
+        state |= {key: value for key, value in model.state_dict().items() if key.startswith("preprocess.")}
     network = getattr(model, "network", None)
     candidates: list[nn.Module] = [model, *([network] if isinstance(network, nn.Module) else [])]
     for target in candidates:
@@ -317,7 +320,8 @@ def load_weights(model: LightningModule, path: str | Path) -> None:
             wrong = [
                 f"{key}: {tuple(value.shape)} in the file, {tuple(expected[key].shape)} in the model"
                 for key, value in state.items()
-                if value.shape != expected[key].shape
+                if isinstance(value, torch.Tensor) and not key.startswith("preprocess.")
+                and value.shape != expected[key].shape
             ]
             if wrong:
                 raise ValueError(f"{path} does not fit this model; shapes differ: " + "; ".join(wrong[:5]))

@@ -1,0 +1,268 @@
+"""Reading a data file into features and labels, with every value checked as it is read.
+
+A CSV file is a header row and one row per sample. A column of numbers is a numeric feature; a
+column of text is a categorical feature, one-hot encoded by ``Preprocessing``. An ``.npz`` archive
+holds numeric arrays, an ``.npy`` file the features alone. Whatever cannot be trained on stops
+here, with one line naming the file, the row and the column: a missing value, a value that is
+not finite or too large for float32, a ragged or empty file, a label that is not a class.
+"""
+
+import csv
+import zipfile
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+# Beyond this a float32 network overflows (squares reach 1e38) or the value is a placeholder
+# for a missing one (1e38, 9.99e99); standardised features are far below it.
+LARGEST_VALUE = 1e15
+# A text column with a different value in more than this share of its rows is an identifier or
+# free text, not a category.
+MOST_DISTINCT = 0.5
+
+
+class DataError(ValueError):
+    """A data file, or a value in it, that cannot be trained on."""
+
+
+@dataclass
+class Table:
+    """Samples read from a file, before any preprocessing.
+
+    ``numeric`` holds the numeric features, one row per sample (for arrays, any trailing shape);
+    ``categorical`` the text features, as strings. ``labels`` are as written in the file: numbers
+    or strings, or ``None`` for a file without them. ``rows`` names each sample in messages.
+    """
+
+    source: Path
+    numeric: np.ndarray
+    numeric_names: list[str] = field(default_factory=list)
+    categorical: np.ndarray = field(default_factory=lambda: np.empty((0, 0), dtype=str))
+    categorical_names: list[str] = field(default_factory=list)
+    labels: np.ndarray | None = None
+    label_name: str = "label"
+    rows: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.numeric)
+
+    def where(self, index: int, column: str | None = None) -> str:
+        """``FILE row N, column C``: where a sample, or one of its values, is."""
+        place = f"{self.source} {self.rows[index]}"
+        return f"{place}, column {column!r}" if column is not None else place
+
+    def take(self, indices: np.ndarray) -> "Table":
+        """The samples at ``indices``, in that order."""
+        return Table(
+            self.source,
+            self.numeric[indices],
+            self.numeric_names,
+            self.categorical[indices] if self.categorical.size else self.categorical,
+            self.categorical_names,
+            None if self.labels is None else self.labels[indices],
+            self.label_name,
+            [self.rows[i] for i in indices],
+        )
+
+
+def read_table(path: Path, label_column: str = "label", features_key: str = "features") -> Table:
+    """The samples of a ``.csv``, ``.npz`` or ``.npy`` file, checked; see the module's docstring.
+
+    The labels are ``label_column`` of a CSV file, or the array of that name in an ``.npz``
+    archive (``labels`` by default); the features are the other columns, or ``features_key``.
+    """
+    if path.suffix not in (".npy", ".npz", ".csv"):
+        raise DataError(f"{path} is not a .npy, .npz or .csv file")
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file {path}")
+    stat = path.stat()
+    # Read once per process and version of the file: the CLI reads the data to size the model.
+    return _read(path.resolve(), stat.st_mtime_ns, stat.st_size, label_column, features_key)
+
+
+@lru_cache(maxsize=4)
+def _read(path: Path, mtime_ns: int, size: int, label_column: str, features_key: str) -> Table:
+    table = _read_csv(path, label_column) if path.suffix == ".csv" else _read_arrays(path, label_column, features_key)
+    check_numeric(table)
+    return table
+
+
+def _read_arrays(path: Path, labels_key: str, features_key: str) -> Table:
+    try:
+        if path.suffix == ".npy":
+            features, labels = np.load(path), None
+        else:
+            with np.load(path) as archive:
+                if features_key not in archive.files:
+                    raise DataError(f"{path} has no array {features_key!r}; it holds {archive.files}")
+                features = archive[features_key]
+                labels = archive[labels_key] if labels_key in archive.files else None
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as error:
+        if isinstance(error, DataError):
+            raise
+        raise DataError(f"{path} is not a readable NumPy {path.suffix} file") from None
+    if features.ndim < 2 or len(features) == 0:
+        raise DataError(f"{path}: {features_key} must hold one row per sample, got shape {features.shape}")
+    if not np.issubdtype(features.dtype, np.number) or np.iscomplexobj(features):
+        raise DataError(f"{path}: {features_key} must hold real numbers, got {features.dtype}")
+    if labels is not None and len(labels) != len(features):
+        raise DataError(f"{path} holds {len(features)} samples but {len(labels)} {labels_key}")
+    names = [f"{features_key}[{i}]" for i in range(int(np.prod(features.shape[1:])))]
+    rows = [f"sample {i}" for i in range(len(features))]
+    return Table(path, features.astype(np.float64), names, labels=labels, label_name=labels_key, rows=rows)
+
+
+def _read_csv(path: Path, label_column: str) -> Table:
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as file:
+            lines = list(csv.reader(file))
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise DataError(f"{path} is not a CSV text file ({error})") from None
+    lines = [line for line in lines if line]  # blank lines
+    if len(lines) < 2:
+        raise DataError(f"{path} has no samples: it needs a header row, then one row per sample")
+    header, samples = [name.strip() for name in lines[0]], lines[1:]
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:
+        raise DataError(f"{path}: the header names the columns {repeated} more than once")
+    for number, sample in enumerate(samples, start=2):
+        if len(sample) != len(header):
+            raise DataError(f"{path} row {number} has {len(sample)} values; the header names {len(header)} columns")
+    values = np.char.strip(np.array(samples, dtype=str))
+    rows = [f"row {number}" for number in range(2, len(samples) + 2)]
+    labels = None
+    if label_column in header:
+        labels = _label_values(values[:, header.index(label_column)])
+    features = [i for i, name in enumerate(header) if name != label_column]
+    if not features:
+        raise DataError(f"{path} has no feature columns besides {label_column!r}")
+    numeric, categorical = [], []
+    for i in features:
+        numbers = _numbers(values[:, i])
+        if numbers is None:
+            categorical.append(i)
+            continue
+        missing = np.flatnonzero(np.isnan(numbers) & ~_says_nan(values[:, i]))
+        if len(missing) * 2 > len(numbers):  # mostly text: a categorical column
+            categorical.append(i)
+            continue
+        if len(missing):
+            first = missing[0]
+            value = f"{values[first, i]!r} is not a number" if values[first, i] else "the value is missing"
+            raise DataError(
+                f"{path} {rows[first]}, column {header[i]!r}: {value} "
+                f"({len(missing)} such values in a column of numbers); fill or drop them"
+            )
+        numeric.append((i, numbers))
+    table = Table(
+        path,
+        np.column_stack([n for _, n in numeric]) if numeric else np.empty((len(samples), 0)),
+        [header[i] for i, _ in numeric],
+        values[:, categorical],
+        [header[i] for i in categorical],
+        labels,
+        label_column,
+        rows,
+    )
+    check_categories(table)
+    return table
+
+
+def _numbers(column: np.ndarray) -> np.ndarray | None:
+    """The column as float64, with NaN where a value is not a number; None if none is one."""
+    try:
+        return column.astype(np.float64)
+    except ValueError:
+        pass
+    parsed = np.full(len(column), np.nan)
+    any_number = False
+    for i, value in enumerate(column):
+        try:
+            parsed[i] = float(value)
+            any_number = True
+        except ValueError:
+            continue
+    return parsed if any_number else None
+
+
+def _says_nan(column: np.ndarray) -> np.ndarray:
+    return np.char.lower(column) == "nan"
+
+
+def _label_values(column: np.ndarray) -> np.ndarray:
+    """Labels as numbers when every one is a number, else as the strings written."""
+    numbers = _numbers(column)
+    if numbers is not None and not (np.isnan(numbers) & ~_says_nan(column)).any():
+        return numbers
+    return column
+
+
+def check_numeric(table: Table) -> None:
+    """Refuse a numeric feature that is not finite or is too large to train on in float32."""
+    flat = table.numeric.reshape(len(table), -1)
+    bad = ~np.isfinite(flat) | (np.abs(np.nan_to_num(flat)) > LARGEST_VALUE)
+    if not bad.any():
+        return
+    row, column = np.argwhere(bad)[0]
+    value = flat[row, column]
+    problem = "is not a finite number" if not np.isfinite(value) else f"is beyond ±{LARGEST_VALUE:.0e}"
+    raise DataError(
+        f"{table.where(row, table.numeric_names[column])}: {value:g} {problem}; "
+        f"{int(bad.sum())} such values, which cannot be trained on in float32 (a placeholder for a "
+        "missing value?); fill or drop them"
+    )
+
+
+def check_categories(table: Table) -> None:
+    """Refuse a text column that is an identifier or free text rather than a category."""
+    for j, name in enumerate(table.categorical_names):
+        distinct = len(np.unique(table.categorical[:, j]))
+        if distinct > 20 and distinct > MOST_DISTINCT * len(table):
+            raise DataError(
+                f"{table.source}, column {name!r}: {distinct} different text values in {len(table)} rows; "
+                "an identifier or free text is not a category: drop the column"
+            )
+
+
+def class_labels(table: Table) -> np.ndarray:
+    """The labels as class names (strings), refusing a missing one or a fraction."""
+    labels = table.labels
+    if labels.dtype.kind in "US":
+        empty = np.flatnonzero(labels == "")
+        if len(empty):
+            raise DataError(f"{table.where(empty[0], table.label_name)}: the label is missing")
+        return labels.astype(str)
+    labels = labels.astype(np.float64)
+    for bad, problem in (
+        (~np.isfinite(labels), "is missing or not finite"),
+        (np.isfinite(labels) & (labels != np.round(labels)), "is not a class (a name or a whole number)"),
+    ):
+        if bad.any():
+            first = np.flatnonzero(bad)[0]
+            raise DataError(
+                f"{table.where(first, table.label_name)}: the label {labels[first]:g} {problem}; "
+                f"{int(bad.sum())} such labels"
+                + ("; for numeric targets generate a regression project" if "class" in problem else "")
+            )
+    return np.array([str(int(label)) for label in labels])
+
+
+def target_values(table: Table) -> np.ndarray:
+    """The labels as regression targets (float64), refusing text and values float32 cannot train on."""
+    labels = table.labels
+    if labels.dtype.kind in "US":
+        raise DataError(
+            f"{table.where(0, table.label_name)}: the target {labels[0]!r} is not a number; "
+            "a regression target must be numeric"
+        )
+    labels = labels.astype(np.float64)
+    bad = ~np.isfinite(labels) | (np.abs(np.nan_to_num(labels)) > LARGEST_VALUE)
+    if bad.any():
+        first = np.flatnonzero(bad)[0]
+        raise DataError(
+            f"{table.where(first, table.label_name)}: the target {labels[first]:g} is missing, not finite "
+            f"or beyond ±{LARGEST_VALUE:.0e}; {int(bad.sum())} such targets"
+        )
+    return labels
