@@ -154,7 +154,8 @@ def _set_size(settings: Namespace, key: str, size: int | None, what: str) -> Non
         settings[name] = size
     elif size is not None and settings[name] != size:
         raise ConfigError(
-            f"The data has {size} {what} but {key} is {settings[name]}; leave it unset to take it from the data"
+            f"The data has {size} {what} but {key} is {settings[name]}; "
+            "leave it unset to take it from the data"
         )
 
 

@@ -127,7 +127,9 @@ class ArrayDataModule(LightningDataModule):
         features, labels = self.load_arrays()
         rows = [f"sample {i}" for i in range(len(features))]
         names = [f"feature {i}" for i in range(int(np.prod(np.shape(features)[1:])))]
-        table = Table(Path(type(self).__name__), np.asarray(features, np.float64), names, labels=labels, rows=rows)
+        table = Table(
+            Path(type(self).__name__), np.asarray(features, np.float64), names, labels=labels, rows=rows
+        )
         check_numeric(table)
         return table
 

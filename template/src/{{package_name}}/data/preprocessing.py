@@ -104,7 +104,9 @@ def fit(train: Table, task: str, standardize: bool) -> Preprocessing:
     if task == "classification":
         names = class_labels(train)
         numeric = train.labels.dtype.kind in "iuf"
-        preprocessing.classes = sorted(set(names.tolist()), key=lambda name: (int(name),) if numeric else (name,))
+        preprocessing.classes = sorted(
+            set(names.tolist()), key=lambda name: (int(name),) if numeric else (name,)
+        )
     else:
         targets = target_values(train)
         preprocessing.target_mean = torch.tensor([targets.mean()], dtype=torch.float32)
@@ -130,7 +132,8 @@ def encode_features(table: Table, preprocessing: Preprocessing, split: str) -> T
             unseen.append(f"{len(missing)} in column {name!r} ({shown})")
     if unseen:
         rank_zero_info(
-            f"{split}: values not seen in training, encoded as all zeros: {'; '.join(unseen)} ({table.source})"
+            f"{split}: values not seen in training, encoded as all zeros: "
+            f"{'; '.join(unseen)} ({table.source})"
         )
     return torch.cat([numeric, torch.from_numpy(codes)], dim=1)
 
@@ -171,7 +174,9 @@ def align(table: Table, preprocessing: Preprocessing, trained_on: Table) -> Tabl
     if text:
         raise DataError(f"{table.source}: the columns {text} hold text; in training they held numbers")
     columns = [numeric[name] for name in preprocessing.numeric]
-    as_text = [categorical.get(name, numeric.get(name, np.empty(0)).astype(str)) for name in preprocessing.categories]
+    as_text = [
+        categorical.get(name, numeric.get(name, np.empty(0)).astype(str)) for name in preprocessing.categories
+    ]
     return Table(
         table.source,
         np.column_stack(columns) if columns else np.empty((len(table), 0)),

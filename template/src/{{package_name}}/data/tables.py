@@ -84,7 +84,11 @@ def read_table(path: Path, label_column: str = "label", features_key: str = "fea
 
 @lru_cache(maxsize=4)
 def _read(path: Path, mtime_ns: int, size: int, label_column: str, features_key: str) -> Table:
-    table = _read_csv(path, label_column) if path.suffix == ".csv" else _read_arrays(path, label_column, features_key)
+    table = (
+        _read_csv(path, label_column)
+        if path.suffix == ".csv"
+        else _read_arrays(path, label_column, features_key)
+    )
     check_numeric(table)
     return table
 
@@ -129,7 +133,9 @@ def _read_csv(path: Path, label_column: str) -> Table:
         raise DataError(f"{path}: the header names the columns {repeated} more than once")
     for number, sample in enumerate(samples, start=2):
         if len(sample) != len(header):
-            raise DataError(f"{path} row {number} has {len(sample)} values; the header names {len(header)} columns")
+            raise DataError(
+                f"{path} row {number} has {len(sample)} values; the header names {len(header)} columns"
+            )
     values = np.char.strip(np.array(samples, dtype=str))
     rows = [f"row {number}" for number in range(2, len(samples) + 2)]
     labels = None

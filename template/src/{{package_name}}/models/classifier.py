@@ -82,7 +82,9 @@ class Classifier(SupervisedModule):
             present = counts.nonzero()[0]
             labels = torch.arange(len(counts)).repeat_interleave(torch.as_tensor(counts)).numpy()
             weights = torch.ones(len(counts))
-            weights[present] = torch.tensor(compute_class_weight("balanced", classes=present, y=labels)).float()
+            weights[present] = torch.tensor(
+                compute_class_weight("balanced", classes=present, y=labels)
+            ).float()
             self.class_weight.copy_(weights)
 
     def objective(self, logits: Tensor, targets: Tensor) -> Tensor:

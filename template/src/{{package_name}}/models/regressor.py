@@ -41,7 +41,9 @@ class Regressor(SupervisedModule):
         super().setup(stage)
         task = getattr(self.trainer.datamodule, "task", "regression")
         if task != "regression":
-            raise ConfigError(f"The model is a Regressor but the data's task is {task}; set data.init_args.task")
+            raise ConfigError(
+                f"The model is a Regressor but the data's task is {task}; set data.init_args.task"
+            )
 
     def forward(self, x: Tensor) -> Tensor:
         """Predictions in the target's units."""

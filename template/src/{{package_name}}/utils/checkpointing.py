@@ -40,7 +40,9 @@ def _is_disk_full(error: BaseException | None) -> bool:
 
 
 def _finite(value: Any) -> bool:
-    return not isinstance(value, torch.Tensor) or not value.is_floating_point() or bool(value.isfinite().all())
+    return (
+        not isinstance(value, torch.Tensor) or not value.is_floating_point() or bool(value.isfinite().all())
+    )
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -320,7 +322,8 @@ def load_weights(model: LightningModule, path: str | Path) -> None:
             wrong = [
                 f"{key}: {tuple(value.shape)} in the file, {tuple(expected[key].shape)} in the model"
                 for key, value in state.items()
-                if isinstance(value, torch.Tensor) and not key.startswith("preprocess.")
+                if isinstance(value, torch.Tensor)
+                and not key.startswith("preprocess.")
                 and value.shape != expected[key].shape
             ]
             if wrong:
