@@ -252,7 +252,9 @@ class CLI(LightningCLI):
     def _check_same_model(self, config: Namespace, checkpoint: dict[str, Any]) -> None:
         """Resuming rebuilds the checkpoint's model, so a different model config is a mistake."""
         saved = _flatten(checkpoint.get("hyper_parameters", {}))
+        # Sizes left unset are taken from the data later.
         given = _flatten(config.model.init_args.as_dict())
+        given = {key: value for key, value in given.items() if value is not None}
         differing = sorted(key for key in saved.keys() & given.keys() if saved[key] != given[key])
         if differing:
             self.parser.error(

@@ -235,14 +235,17 @@ class ArrayDataModule(LightningDataModule):
         return table
 
     def state_dict(self) -> dict[str, Any]:
-        return {"preprocessing": self.preprocessing.state_dict()} if self.preprocessing is not None else {}
+        if self.preprocessing is None:
+            return {}
+        return {"preprocessing": self.preprocessing.describe(), "statistics": self.preprocessing.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # The preprocessing a checkpoint was trained with, in case the data file has changed since.
         if "preprocessing" not in state_dict or self.preprocessing is None:
             return
         saved = Preprocessing()
-        saved.load_state_dict(state_dict["preprocessing"])
+        saved.load_state_dict(state_dict["statistics"])
+        saved.restore(state_dict["preprocessing"])
         if not saved.same_as(self.preprocessing):
             self.preprocessing = saved
             self.splits.clear()

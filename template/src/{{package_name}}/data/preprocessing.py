@@ -62,11 +62,14 @@ class Preprocessing(nn.Module):
             return int(np.prod(input_shape))
         return len(self.numeric) + sum(len(values) for values in self.categories.values())
 
-    def get_extra_state(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, Any]:
+        """What a checkpoint keeps besides the buffers: the features' names, categories, classes."""
         return {"numeric": self.numeric, "categories": self.categories, "classes": self.classes}
 
-    def set_extra_state(self, state: dict[str, Any]) -> None:
-        self.numeric, self.categories, self.classes = state["numeric"], state["categories"], state["classes"]
+    def restore(self, description: dict[str, Any]) -> None:
+        self.numeric = description["numeric"]
+        self.categories = description["categories"]
+        self.classes = description["classes"]
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         # The statistics' sizes come from the data: take the saved ones.
@@ -78,9 +81,8 @@ class Preprocessing(nn.Module):
 
     def same_as(self, other: "Preprocessing") -> bool:
         mine, theirs = self.state_dict(), other.state_dict()
-        return mine.keys() == theirs.keys() and all(
-            torch.equal(v, theirs[k]) if isinstance(v, Tensor) else v == theirs[k] for k, v in mine.items()
-        )
+        same_buffers = all(torch.equal(value, theirs[key]) for key, value in mine.items())
+        return same_buffers and self.describe() == other.describe()
 
 
 def fit(train: Table, task: str, standardize: bool) -> Preprocessing:

@@ -113,6 +113,10 @@ class SupervisedModule(LightningModule):
         if isinstance(fitted, Preprocessing):
             # A checkpoint being resumed or evaluated then restores its own, saved with it.
             self.preprocess.load_state_dict(fitted.state_dict())
+            self.preprocess.restore(fitted.describe())
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["preprocessing"] = self.preprocess.describe()
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
@@ -215,8 +219,10 @@ class SupervisedModule(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # Checkpoints of v0.2.0 and earlier have no preprocessing: they were trained on the
         # features as loaded, which an unfitted Preprocessing passes through.
+        unfitted = Preprocessing()
+        self.preprocess.restore(checkpoint.get("preprocessing", unfitted.describe()))
         state = checkpoint.get("state_dict", {})
-        for key, value in Preprocessing().state_dict().items():
+        for key, value in unfitted.state_dict().items():
             state.setdefault(f"preprocess.{key}", value)
         # Checkpoints of v0.1.0 hold a SequentialLR (LinearLR, then CosineAnnealingLR). The
         # LambdaLR that replaced it computes the rate from the step alone, which both keep as

@@ -311,24 +311,24 @@ def load_weights(model: LightningModule, path: str | Path) -> None:
     checkpoint = read_checkpoint(path)
     state = checkpoint.get("state_dict", checkpoint)
     state = {key.removeprefix("module."): value for key, value in state.items()}
-    # Weights saved before the model carried its preprocessing: keep the model's, fitted on the data.
-    if not any(name.startswith("preprocess.") for name in state):
-        state |= {key: value for key, value in model.state_dict().items() if key.startswith("preprocess.")}
     network = getattr(model, "network", None)
     candidates: list[nn.Module] = [model, *([network] if isinstance(network, nn.Module) else [])]
+    # Weights saved before the model carried its preprocessing: the model keeps its own.
+    preprocessing = {key: value for key, value in model.state_dict().items() if key.startswith("preprocess.")}
+    if any(key.startswith("preprocess.") for key in state):
+        preprocessing = {}
     for target in candidates:
         expected = target.state_dict()
-        if state.keys() == expected.keys():
+        given = state | preprocessing if target is model else state
+        if given.keys() == expected.keys():
             wrong = [
                 f"{key}: {tuple(value.shape)} in the file, {tuple(expected[key].shape)} in the model"
-                for key, value in state.items()
-                if isinstance(value, torch.Tensor)
-                and not key.startswith("preprocess.")
-                and value.shape != expected[key].shape
+                for key, value in given.items()
+                if not key.startswith("preprocess.") and value.shape != expected[key].shape
             ]
             if wrong:
                 raise ValueError(f"{path} does not fit this model; shapes differ: " + "; ".join(wrong[:5]))
-            target.load_state_dict(state)
+            target.load_state_dict(given)
             return
     missing = sorted(model.state_dict().keys() - state.keys())[:5]
     unexpected = sorted(state.keys() - model.state_dict().keys())[:5]

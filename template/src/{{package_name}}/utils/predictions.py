@@ -1,4 +1,5 @@
-"""Writes ``predict`` results to ``predictions.csv`` in the run directory: class and probabilities."""
+"""Writes ``predict`` results to ``predictions.csv`` in the run directory: the predicted class and
+the class probabilities, or the predicted value of a regression target."""
 
 import csv
 from collections.abc import Sequence
@@ -10,18 +11,26 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from ..data.base import ArrayDataModule
+from ..models import Regressor
+
+
+def is_regression(trainer: Trainer, pl_module: LightningModule) -> bool:
+    """Whether the run predicts a numeric target rather than classes."""
+    return isinstance(pl_module, Regressor) or getattr(trainer.datamodule, "task", None) == "regression"
 
 
 class PredictionWriter(BasePredictionWriter):
-    """One row per sample, in dataset order: ``index, row, label, predicted, prob_0 .. prob_{C-1}``.
+    """One row per sample, in dataset order:
+
+    - classification: ``index, row, label, predicted, prob_<class>`` for every class, by class
+      name: ``label`` is the true class, ``predicted`` the most probable one;
+    - regression: ``index, row, target, prediction``, both in the target's own units.
 
     ``index`` is the sample's position in the predicted split; ``row`` its row in the data the data
     module loaded (for a data file, the file's row; for ``predict --inputs``, the row in that
-    file), when the data module is an ``ArrayDataModule``.
-
-    ``label`` is the true class, present when the batches carry labels (``(inputs, labels)``);
-    ``predicted`` is the most probable class. Under DDP each process writes its own share to
-    ``predictions-rank<N>.csv``.
+    file), when the data module is an ``ArrayDataModule``. ``label`` and ``target`` are present
+    when the batches carry them (``(inputs, labels)``). Under DDP each process writes its own
+    share to ``predictions-rank<N>.csv``.
     """
 
     def __init__(self) -> None:
@@ -54,18 +63,35 @@ class PredictionWriter(BasePredictionWriter):
         suffix = "" if trainer.world_size == 1 else f"-rank{trainer.global_rank}"
         path = Path(trainer.default_root_dir) / f"predictions{suffix}.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
-        probabilities = torch.cat(list(predictions)).float()
+        outputs = torch.cat(list(predictions)).float()
+        labels = torch.cat(self._labels) if self._labels else None
         indices = [index for batch in batch_indices[0] for index in batch]
         columns: dict[str, list] = {"index": indices}
         datamodule = trainer.datamodule
         if isinstance(datamodule, ArrayDataModule):
             columns["row"] = datamodule.rows[datamodule.predict_split][indices].tolist()
-        if self._labels:
-            columns["label"] = torch.cat(self._labels).tolist()
-        columns["predicted"] = probabilities.argmax(dim=1).tolist()
-        for c, column in enumerate(probabilities.T.tolist()):
-            columns[f"prob_{c}"] = [f"{p:.6f}" for p in column]
+        if is_regression(trainer, pl_module):
+            columns |= regression_columns(outputs, labels)
+        else:
+            columns |= classification_columns(outputs, labels, pl_module.class_names)
         with path.open("w", newline="") as file:
             writer = csv.writer(file)
             writer.writerow(columns)
             writer.writerows(zip(*columns.values(), strict=True))
+
+
+def classification_columns(
+    probabilities: torch.Tensor, labels: torch.Tensor | None, class_names: list[str]
+) -> dict[str, list]:
+    columns = {} if labels is None else {"label": [class_names[c] for c in labels.tolist()]}
+    columns["predicted"] = [class_names[c] for c in probabilities.argmax(dim=1).tolist()]
+    for name, column in zip(class_names, probabilities.T.tolist(), strict=True):
+        columns[f"prob_{name}"] = [f"{p:.6f}" for p in column]
+    return columns
+
+
+def regression_columns(predictions: torch.Tensor, targets: torch.Tensor | None) -> dict[str, list]:
+    # Seven significant digits: about what float32 holds, without its noise (0.1, not 0.10000000149).
+    columns = {} if targets is None else {"target": [f"{t:.7g}" for t in targets.tolist()]}
+    columns["prediction"] = [f"{p:.7g}" for p in predictions.tolist()]
+    return columns

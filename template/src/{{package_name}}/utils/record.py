@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from ..models import Classifier
 from .checkpointing import LastCheckpoint
 
 
@@ -42,11 +43,12 @@ class ExperimentRecord(Callback):
     """Appends one line after each fit and each test, written by the global rank 0 process only.
 
     A fit line holds the monitored metric's best value and epoch and the best and last
-    checkpoints; a test line holds the test metrics and the checkpoint they came from.
-    ``summary`` carries what the CLI knows of the run: name, model, dataset, seed and
-    key hyper-parameters. A fit stopped by SIGTERM or Ctrl-C writes its line too, with
-    ``status`` ``interrupted`` instead of ``finished``. A fit's ``wall_time_s`` adds up every
-    part of a run resumed after an interruption: each checkpoint carries the time so far.
+    checkpoints; a test line holds the test metrics and the checkpoint they came from. A
+    classifier's lines also hold its ``classes``, the class names by class index. ``summary``
+    carries what the CLI knows of the run: name, model, dataset, seed and key hyper-parameters.
+    A fit stopped by SIGTERM or Ctrl-C writes its line too, with ``status`` ``interrupted``
+    instead of ``finished``. A fit's ``wall_time_s`` adds up every part of a run resumed after an
+    interruption: each checkpoint carries the time so far.
     """
 
     def __init__(self, path: str | Path, summary: dict[str, Any]) -> None:
@@ -80,6 +82,7 @@ class ExperimentRecord(Callback):
         last = next((c.path for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)
         self._write(
             trainer,
+            pl_module,
             stage="fit",
             status=status,
             epochs=trainer.current_epoch,
@@ -98,17 +101,19 @@ class ExperimentRecord(Callback):
         metrics = {name: _number(value) for name, value in trainer.callback_metrics.items()}
         self._write(
             trainer,
+            pl_module,
             stage="test",
             checkpoint=str(Path(trainer.ckpt_path).resolve()) if trainer.ckpt_path else None,
             test={name: value for name, value in metrics.items() if name.startswith("test/")},
         )
 
-    def _write(self, trainer: Trainer, **fields: Any) -> None:
+    def _write(self, trainer: Trainer, pl_module: LightningModule, **fields: Any) -> None:
         if not trainer.is_global_zero:
             return
         line = {
             "time": datetime.now().astimezone().isoformat(timespec="seconds"),
             **self.summary,
+            **({"classes": pl_module.class_names} if isinstance(pl_module, Classifier) else {}),
             "wall_time_s": round(time.perf_counter() - self._started, 2),
             **fields,
             "git_commit": git_commit(),
