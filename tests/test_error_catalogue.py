@@ -30,8 +30,9 @@ PREFIX = re.compile(r"^(?:[\w-]+\.py: )?error: ")
 
 
 def _python(path: Path) -> ast.Module:
-    """A template file as Python: the package name filled in and lines of Jinja tags dropped."""
-    lines = path.read_text().replace("{{ package_name }}", "my_project").splitlines()
+    """A template file as Python: each Jinja expression (the package name) filled in and lines of
+    Jinja tags dropped."""
+    lines = re.sub(r"\{\{.*?\}\}", "my_project", path.read_text()).splitlines()
     return ast.parse("\n".join(line for line in lines if not line.lstrip().startswith("{%")), str(path))
 
 

@@ -312,9 +312,9 @@ class CLI(LightningCLI):
             return  # a data module of another kind: the sizes are as configured
         try:
             data = data_class(**config.data.init_args.as_dict())
-            sizes = {"num_classes": data.num_classes, "in_features": data.num_features}
         except (KeyError, FileNotFoundError, ValueError) as error:
-            raise ConfigError(message_of(error)) from error
+            self.parser.error(message_of(error))
+        sizes = {"num_classes": data.num_classes, "in_features": data.num_features}  # reads the data
         model = config.model.init_args
         if "num_classes" in model:
             _set_size(model, "model.init_args.num_classes", sizes["num_classes"], "classes")

@@ -196,7 +196,7 @@ class ArrayDataModule(LightningDataModule):
             rarest = names[counts.argmin()]
             rows = [table.rows[i] for i in np.flatnonzero(classes == rarest)[:3]]
             raise DataError(
-                f"{table.source}, column {table.label_name!r}: the class {rarest!r} has {counts.min()} "
+                f"{table.source}, column {table.label_name!r}: the class {str(rarest)!r} has {counts.min()} "
                 f"samples ({', '.join(rows)}), too few to be split by class into train, val and test "
                 f"({error}); add samples, or drop or merge the rarest classes"
             ) from None

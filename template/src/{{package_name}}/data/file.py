@@ -13,11 +13,14 @@ and preprocesses them in the same way. Every value is checked as it is read (see
 Use it with ``--config configs/data/file.yaml --data.init_args.path data/my_data.csv``.
 """
 
+import csv
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
+
 from .base import ArrayDataModule
-from .tables import Table, read_table
+from .tables import DataError, Table, read_table
 
 
 class FileDataModule(ArrayDataModule):
@@ -52,11 +55,15 @@ class FileDataModule(ArrayDataModule):
         self.label_column, self.features_key, self.labels_key = label_column, features_key, labels_key
 
     def load_table(self) -> Table:
-        return self._read(self.path)
+        table = self.read_predict_table(self.path)
+        if table.labels is not None:
+            return table
+        if self.path.suffix == ".npz":
+            with np.load(self.path) as archive:
+                raise DataError(f"{self.path} has no array {self.labels_key!r}; it holds {archive.files}")
+        with self.path.open(newline="") as file:
+            header = next(csv.reader(file))
+        raise DataError(f"{self.path} has no column {self.label_column!r}; its columns are {header}")
 
     def read_predict_table(self, path: Path) -> Table:
-        return self._read(path)
-
-    def _read(self, path: Path) -> Table:
-        labels = self.label_column if path.suffix == ".csv" else self.labels_key
-        return read_table(path, labels, self.features_key)
+        return read_table(path, self.label_column, self.features_key, self.labels_key)

@@ -150,7 +150,7 @@ def encode_labels(table: Table, preprocessing: Preprocessing, task: str) -> Tens
     if unknown:
         first = unknown[0]
         raise DataError(
-            f"{table.where(first, table.label_name)}: the label {names[first]!r} is not among the classes "
+            f"{table.where(first, table.label_name)}: the label {str(names[first])!r} is not among the classes "
             f"of the training split {preprocessing.classes[:10]}; {len(unknown)} such labels"
         )
     return torch.as_tensor([index[name] for name in names], dtype=torch.int64)

@@ -67,11 +67,14 @@ class Table:
         )
 
 
-def read_table(path: Path, label_column: str = "label", features_key: str = "features") -> Table:
+def read_table(
+    path: Path, label_column: str = "label", features_key: str = "features", labels_key: str = "labels"
+) -> Table:
     """The samples of a ``.csv``, ``.npz`` or ``.npy`` file, checked; see the module's docstring.
 
-    The labels are ``label_column`` of a CSV file, or the array of that name in an ``.npz``
-    archive (``labels`` by default); the features are the other columns, or ``features_key``.
+    The labels are ``label_column`` of a CSV file, or the array ``labels_key`` of an ``.npz``
+    archive; the features are the other columns, or the array ``features_key``. Labels are
+    optional here; a data module that needs them says so.
     """
     if path.suffix not in (".npy", ".npz", ".csv"):
         raise DataError(f"{path} is not a .npy, .npz or .csv file")
@@ -79,16 +82,13 @@ def read_table(path: Path, label_column: str = "label", features_key: str = "fea
         raise FileNotFoundError(f"no such file {path}")
     stat = path.stat()
     # Read once per process and version of the file: the CLI reads the data to size the model.
-    return _read(path.resolve(), stat.st_mtime_ns, stat.st_size, label_column, features_key)
+    labels = label_column if path.suffix == ".csv" else labels_key
+    return _read(path, path.resolve(), stat.st_mtime_ns, stat.st_size, labels, features_key)
 
 
 @lru_cache(maxsize=4)
-def _read(path: Path, mtime_ns: int, size: int, label_column: str, features_key: str) -> Table:
-    table = (
-        _read_csv(path, label_column)
-        if path.suffix == ".csv"
-        else _read_arrays(path, label_column, features_key)
-    )
+def _read(path: Path, resolved: Path, mtime_ns: int, size: int, labels: str, features_key: str) -> Table:
+    table = _read_csv(path, labels) if path.suffix == ".csv" else _read_arrays(path, labels, features_key)
     check_numeric(table)
     return table
 
@@ -107,13 +107,16 @@ def _read_arrays(path: Path, labels_key: str, features_key: str) -> Table:
         if isinstance(error, DataError):
             raise
         raise DataError(f"{path} is not a readable NumPy {path.suffix} file") from None
-    if features.ndim < 2 or len(features) == 0:
+    if len(features) == 0:
+        raise DataError(f"{path} holds no samples")
+    if features.ndim < 2:
         raise DataError(f"{path}: {features_key} must hold one row per sample, got shape {features.shape}")
     if not np.issubdtype(features.dtype, np.number) or np.iscomplexobj(features):
         raise DataError(f"{path}: {features_key} must hold real numbers, got {features.dtype}")
     if labels is not None and len(labels) != len(features):
         raise DataError(f"{path} holds {len(features)} samples but {len(labels)} {labels_key}")
-    names = [f"{features_key}[{i}]" for i in range(int(np.prod(features.shape[1:])))]
+    name = "feature {}" if path.suffix == ".npy" else features_key + "[{}]"
+    names = [name.format(i) for i in range(int(np.prod(features.shape[1:])))]
     rows = [f"sample {i}" for i in range(len(features))]
     return Table(path, features.astype(np.float64), names, labels=labels, label_name=labels_key, rows=rows)
 
@@ -156,7 +159,7 @@ def _read_csv(path: Path, label_column: str) -> Table:
             continue
         if len(missing):
             first = missing[0]
-            value = f"{values[first, i]!r} is not a number" if values[first, i] else "the value is missing"
+            value = f"{str(values[first, i])!r} is not a number" if values[first, i] else "the value is missing"
             raise DataError(
                 f"{path} {rows[first]}, column {header[i]!r}: {value} "
                 f"({len(missing)} such values in a column of numbers); fill or drop them"
@@ -260,7 +263,7 @@ def target_values(table: Table) -> np.ndarray:
     labels = table.labels
     if labels.dtype.kind in "US":
         raise DataError(
-            f"{table.where(0, table.label_name)}: the target {labels[0]!r} is not a number; "
+            f"{table.where(0, table.label_name)}: the target {str(labels[0])!r} is not a number; "
             "a regression target must be numeric"
         )
     labels = labels.astype(np.float64)
