@@ -44,8 +44,8 @@ bench: setup
 	$(BIN)/python bench/run.py
 
 lint: setup
-	$(BIN)/ruff check tests
-	$(BIN)/ruff format --check tests
+	$(BIN)/ruff check tests migrations
+	$(BIN)/ruff format --check tests migrations
 
 # Copier finds releases by their tags; CHANGELOG.md names them, `## vX.Y.Z (commit <short sha>)`.
 # A tag already on its commit is left as it is; one on another commit is an error.

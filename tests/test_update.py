@@ -104,11 +104,11 @@ def template_repo(tmp_path_factory) -> Path:
 
 
 PACKAGE = "upgraded"
+MLP = f"src/{PACKAGE}/models/mlp.py"
 USER_OWNED = [
     "README.md",
-    f"src/{PACKAGE}/models/mlp.py",
+    MLP,
     f"src/{PACKAGE}/data/digits.py",
-    f"src/{PACKAGE}/data/file.py",
     "configs/experiment/*.yaml",
     "configs/model/*.yaml",
     "configs/data/digits.yaml",
@@ -169,7 +169,7 @@ def edit_like_a_user(project: Path) -> dict[str, str]:
     package = project / "src" / PACKAGE
     (package / "models" / "cnn.py").write_text(CNN)
     (project / "configs" / "experiment" / "cnn.yaml").write_text(CNN_EXPERIMENT)
-    mlp = package / "models" / "mlp.py"
+    mlp = project / MLP
     mlp.write_text(mlp.read_text().replace("dropout: float = 0.1", "dropout: float = 0.25"))
     pyproject = project / "pyproject.toml"
     pyproject.write_text(
@@ -181,7 +181,7 @@ def edit_like_a_user(project: Path) -> dict[str, str]:
     return {
         f"src/{PACKAGE}/models/cnn.py": CNN,
         "configs/experiment/cnn.yaml": CNN_EXPERIMENT,
-        f"src/{PACKAGE}/models/mlp.py": "dropout: float = 0.25",
+        MLP: "dropout: float = 0.25",
         "pyproject.toml": '"pyyaml>=6",',
         "README.md": NOTES,
     }
@@ -195,8 +195,10 @@ def files(project: Path) -> dict[str, bytes]:
     }
 
 
-def user_owned(name: str) -> bool:
-    return any(Path(name).match(pattern) for pattern in USER_OWNED)
+def differing(project: Path, fresh: dict[str, bytes]) -> list[str]:
+    """The files of the project that a fresh copy lacks, has alone, or has with other contents."""
+    mine = files(project)
+    return sorted(name for name in mine.keys() | fresh.keys() if mine.get(name) != fresh.get(name))
 
 
 def assert_clean_merge(project: Path) -> None:
@@ -231,17 +233,34 @@ def test_update_keeps_every_user_edit_and_leaves_no_conflict(updated):
         assert content in (project / name).read_text(), name
 
 
-def test_updated_template_files_equal_a_fresh_copy(updated, template_repo, tmp_path):
+def test_the_tests_know_which_files_are_the_users():
+    patterns = yaml.safe_load((ROOT / "copier.yml").read_text())["_skip_if_exists"]
+    assert [pattern.replace("{{ package_name }}", PACKAGE) for pattern in patterns] == USER_OWNED
+
+
+def test_updated_files_equal_a_fresh_copy_but_for_the_users_edits(updated, template_repo, tmp_path):
+    # The user's own files included: those the user never edited are refreshed by a migration.
     project, expected = updated
     fresh = files(copy_at(template_repo, "HEAD", tmp_path / "upgraded"))
-    mine = files(project)
-    user_added = {name for name in expected if name not in fresh}
-    assert set(mine) - set(fresh) == user_added
-    assert set(fresh) <= set(mine)
-    differing = sorted(
-        name for name in fresh if mine[name] != fresh[name] and name not in expected and not user_owned(name)
-    )
-    assert differing == []
+    assert differing(project, fresh) == sorted(expected)
+
+
+def test_a_user_file_the_user_edited_keeps_exactly_the_users_version(updated):
+    project, _ = updated
+    edits = git(project, "rev-list", "--reverse", "HEAD").split()[1]  # after "copied from the template"
+    for name in (MLP, "README.md"):
+        assert (project / name).read_text() == git(project, "show", f"{edits}:{name}"), name
+
+
+@pytest.mark.parametrize("release", [tag for tag, _ in RELEASED])
+def test_a_user_file_the_user_never_edited_is_refreshed(template_repo, tmp_path, release):
+    project = copy_at(template_repo, release, tmp_path / "upgraded")
+    before = files(project)
+    update(project, unsafe=True)
+    fresh = files(copy_at(template_repo, "HEAD", tmp_path / "fresh" / "upgraded"))
+    assert differing(project, fresh) == []
+    if release == RELEASED[0][0]:  # the template has changed both since: the test checks something
+        assert before[MLP] != fresh[MLP] and before["README.md"] != fresh["README.md"]
 
 
 def test_the_first_release_answers_are_kept(updated):
