@@ -109,9 +109,11 @@ USER_OWNED = [
     "README.md",
     MLP,
     f"src/{PACKAGE}/data/digits.py",
+    f"src/{PACKAGE}/data/diabetes.py",
     "configs/experiment/*.yaml",
     "configs/model/*.yaml",
     "configs/data/digits.yaml",
+    "configs/data/diabetes.yaml",
 ]
 CNN = '''"""A small convolutional network for the 8x8 digit images."""
 
