@@ -150,8 +150,8 @@ def encode_labels(table: Table, preprocessing: Preprocessing, task: str) -> Tens
     if unknown:
         first = unknown[0]
         raise DataError(
-            f"{table.where(first, table.label_name)}: the label {str(names[first])!r} is not among the classes "
-            f"of the training split {preprocessing.classes[:10]}; {len(unknown)} such labels"
+            f"{table.where(first, table.label_name)}: the label {str(names[first])!r} is not among the "
+            f"classes of the training split {preprocessing.classes[:10]}; {len(unknown)} such labels"
         )
     return torch.as_tensor([index[name] for name in names], dtype=torch.int64)
 

@@ -159,7 +159,7 @@ def _read_csv(path: Path, label_column: str) -> Table:
             continue
         if len(missing):
             first = missing[0]
-            value = f"{str(values[first, i])!r} is not a number" if values[first, i] else "the value is missing"
+            value = repr(str(values[first, i])) + " is not a number" if values[first, i] else "it is missing"
             raise DataError(
                 f"{path} {rows[first]}, column {header[i]!r}: {value} "
                 f"({len(missing)} such values in a column of numbers); fill or drop them"
