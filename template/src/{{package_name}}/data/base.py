@@ -214,15 +214,14 @@ class ArrayDataModule(LightningDataModule):
         tables = {name: self.table.take(rows) for name, rows in self.rows.items() if name != "predict"}
         if self.hparams.predict_path:
             tables["predict"] = self._predict_table(Path(self.hparams.predict_path))
-        try:
-            for name, table in tables.items():
+        for name, table in tables.items():
+            try:
                 tensors = [preprocessing.encode_features(table, self.preprocessing, name)]
                 if table.labels is not None:
                     tensors.append(preprocessing.encode_labels(table, self.preprocessing, self.task))
-                self.splits[name] = TensorBatches(*tensors)
-        except DataError as error:
-            prefix = "--inputs: " if "predict" in tables and table is tables["predict"] else ""
-            raise ConfigError(prefix + str(error)) from error
+            except DataError as error:
+                raise ConfigError(("--inputs: " if name == "predict" else "") + str(error)) from error
+            self.splits[name] = TensorBatches(*tensors)
 
     def _predict_table(self, path: Path) -> Table:
         try:
