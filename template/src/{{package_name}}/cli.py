@@ -35,6 +35,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 
 from .data import ArrayDataModule
 from .errors import ConfigError, message_of
+from .models.base import check_task
 from .utils import (
     AtomicCheckpointIO,
     ExperimentRecord,
@@ -146,6 +147,11 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {
         k: v for key, value in tree.items() for k, v in _flatten(value, f"{prefix}.{key}".lstrip(".")).items()
     }
+
+
+def _class_at(class_path: str) -> Any:
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name, None)
 
 
 def _set_size(settings: Namespace, key: str, size: int | None, what: str) -> None:
@@ -306,14 +312,14 @@ class CLI(LightningCLI):
     def _set_sizes(self, config: Namespace) -> None:
         """Give the model and its network the data's sizes (classes, input features, outputs) where
         they are unset, and refuse one set by hand that differs from the data's."""
-        module, _, name = config.data.class_path.rpartition(".")
-        data_class = getattr(importlib.import_module(module), name, None)
+        data_class = _class_at(config.data.class_path)
         if not (isinstance(data_class, type) and issubclass(data_class, ArrayDataModule)):
             return  # a data module of another kind: the sizes are as configured
         try:
             data = data_class(**config.data.init_args.as_dict())
         except (KeyError, FileNotFoundError, ValueError) as error:
             self.parser.error(message_of(error))
+        check_task(_class_at(config.model.class_path), data.task)
         sizes = {"num_classes": data.num_classes, "in_features": data.num_features}  # reads the data
         model = config.model.init_args
         if "num_classes" in model:

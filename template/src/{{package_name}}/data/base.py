@@ -21,7 +21,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from ..errors import ConfigError, message_of
 from . import preprocessing
 from .preprocessing import Preprocessing
-from .tables import DataError, Table, check_numeric, class_labels, read_table
+from .tables import DataError, Table, check_numeric, class_labels, read_table, target_values
 
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
@@ -177,7 +177,10 @@ class ArrayDataModule(LightningDataModule):
     def _split(self, table: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         hparams = self.hparams
         holdout = hparams.val_fraction + hparams.test_fraction
+        # Every label is checked, whichever split it falls in.
         classes = class_labels(table) if self.task == "classification" else None
+        if classes is None:
+            target_values(table)
         indices = np.arange(len(table))
         try:
             train, rest = train_test_split(
@@ -196,9 +199,10 @@ class ArrayDataModule(LightningDataModule):
             rarest = names[counts.argmin()]
             rows = [table.rows[i] for i in np.flatnonzero(classes == rarest)[:3]]
             raise DataError(
-                f"{table.source}, column {table.label_name!r}: the class {str(rarest)!r} has {counts.min()} "
-                f"samples ({', '.join(rows)}), too few to be split by class into train, val and test "
-                f"({error}); add samples, or drop or merge the rarest classes"
+                f"{table.source}, column {table.label_name!r}: the class {str(rarest)!r} has only "
+                f"{counts.min()} sample{'s' if counts.min() > 1 else ''} ({', '.join(rows)}), too few to be "
+                f"split by class into train, val and test ({error}); add samples, or drop or merge the "
+                "rarest classes"
             ) from None
         return train, val, test
 

@@ -127,20 +127,21 @@ def _read_csv(path: Path, label_column: str) -> Table:
             lines = list(csv.reader(file))
     except (UnicodeDecodeError, csv.Error) as error:
         raise DataError(f"{path} is not a CSV text file ({error})") from None
-    lines = [line for line in lines if line]  # blank lines
-    if len(lines) < 2:
+    numbered = [(number, line) for number, line in enumerate(lines, start=1) if line]  # not blank lines
+    if len(numbered) < 2:
         raise DataError(f"{path} has no samples: it needs a header row, then one row per sample")
-    header, samples = [name.strip() for name in lines[0]], lines[1:]
+    header = [name.strip() for name in numbered[0][1]]
+    numbers, samples = [number for number, _ in numbered[1:]], [line for _, line in numbered[1:]]
     repeated = sorted({name for name in header if header.count(name) > 1})
     if repeated:
         raise DataError(f"{path}: the header names the columns {repeated} more than once")
-    for number, sample in enumerate(samples, start=2):
+    for number, sample in zip(numbers, samples, strict=True):
         if len(sample) != len(header):
             raise DataError(
                 f"{path} row {number} has {len(sample)} values; the header names {len(header)} columns"
             )
     values = np.char.strip(np.array(samples, dtype=str))
-    rows = [f"row {number}" for number in range(2, len(samples) + 2)]
+    rows = [f"row {number}" for number in numbers]
     labels = None
     if label_column in header:
         labels = _label_values(values[:, header.index(label_column)])
@@ -262,9 +263,12 @@ def target_values(table: Table) -> np.ndarray:
     """The labels as regression targets (float64), refusing text and values float32 cannot train on."""
     labels = table.labels
     if labels.dtype.kind in "US":
+        numbers = _numbers(labels)
+        not_numbers = np.isnan(numbers) & ~_says_nan(labels) if numbers is not None else labels == labels
+        text = np.flatnonzero(not_numbers)
         raise DataError(
-            f"{table.where(0, table.label_name)}: the target {str(labels[0])!r} is not a number; "
-            "a regression target must be numeric"
+            f"{table.where(text[0], table.label_name)}: the target {str(labels[text[0]])!r} is not a number; "
+            f"{len(text)} such targets; a regression target must be numeric"
         )
     labels = labels.astype(np.float64)
     bad = ~np.isfinite(labels) | (np.abs(np.nan_to_num(labels)) > LARGEST_VALUE)

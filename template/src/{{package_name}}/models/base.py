@@ -54,7 +54,7 @@ class SupervisedModule(LightningModule):
             operations are worth fusing.
     """
 
-    metrics: MetricCollection
+    task: str  # what the data's labels are: "classification" or "regression"
 
     def __init__(
         self,
@@ -109,6 +109,7 @@ class SupervisedModule(LightningModule):
 
     def setup(self, stage: str) -> None:
         data = self.trainer.datamodule
+        check_task(type(self), getattr(data, "task", self.task))
         fitted = getattr(data, "preprocessing", None)
         if isinstance(fitted, Preprocessing):
             # A checkpoint being resumed or evaluated then restores its own, saved with it.
@@ -252,6 +253,14 @@ class SupervisedModule(LightningModule):
     def lr_factor(self, step: int) -> float:
         """The schedule: warm-up, then the chosen shape over the run's ``total_steps``."""
         return lr_factor(step, self.hparams.warmup_steps, self.total_steps, self.hparams.schedule)
+
+
+def check_task(model_class: type, task: str) -> None:
+    """Refuse data whose labels are of another task than the model's."""
+    if getattr(model_class, "task", task) != task:
+        raise ConfigError(
+            f"The model is a {model_class.__name__} but the data's task is {task}; set data.init_args.task"
+        )
 
 
 def optimizer_class(name: str, arguments: dict[str, Any], weight_decay: float) -> type[Optimizer]:

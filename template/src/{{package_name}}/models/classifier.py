@@ -28,6 +28,8 @@ class Classifier(SupervisedModule):
         **kwargs: optimizer and schedule, see ``SupervisedModule``.
     """
 
+    task = "classification"
+
     def __init__(
         self,
         network: nn.Module,
@@ -38,7 +40,9 @@ class Classifier(SupervisedModule):
     ) -> None:
         super().__init__(network, **kwargs)
         if num_classes is None:
-            raise ConfigError("model.init_args.num_classes is not set, and the data module does not give it")
+            raise ConfigError(
+                "model.init_args.num_classes is not set, and the data module does not give it; set it"
+            )
         if not 0 <= label_smoothing < 1:
             raise ConfigError(f"model.init_args.label_smoothing must be in [0, 1), got {label_smoothing}")
         if isinstance(class_weights, list) and (

@@ -7,7 +7,6 @@ from torch import Tensor, nn
 from torch.nn import functional
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, R2Score
 
-from ..errors import ConfigError
 from .base import SupervisedModule
 
 
@@ -23,6 +22,8 @@ class Regressor(SupervisedModule):
         **kwargs: optimizer and schedule, see ``SupervisedModule``.
     """
 
+    task = "regression"
+
     def __init__(
         self,
         network: nn.Module,
@@ -36,14 +37,6 @@ class Regressor(SupervisedModule):
                 {"mae": MeanAbsoluteError(), "rmse": MeanSquaredError(squared=False), "r2": R2Score()}
             )
         )
-
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        task = getattr(self.trainer.datamodule, "task", "regression")
-        if task != "regression":
-            raise ConfigError(
-                f"The model is a Regressor but the data's task is {task}; set data.init_args.task"
-            )
 
     def forward(self, x: Tensor) -> Tensor:
         """Predictions in the target's units."""
