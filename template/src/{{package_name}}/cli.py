@@ -157,7 +157,7 @@ def _class_at(class_path: str) -> Any:
 def _set_size(settings: Namespace, key: str, size: int | None, what: str) -> None:
     name = key.rpartition(".")[2]
     if settings[name] is None:
-        settings[name] = size
+        settings[name] = None if size is None else int(size)  # not PositiveInt, which only the model takes
     elif size is not None and settings[name] != size:
         raise ConfigError(
             f"The data has {size} {what} but {key} is {settings[name]}; "
