@@ -10,6 +10,7 @@ default; the rules are in ``utils/runs.py``): checkpoints, logger files and the 
 
 import errno
 import importlib
+import inspect
 import logging
 import os
 import shlex
@@ -329,8 +330,13 @@ class CLI(LightningCLI):
             sizes["num_outputs"] = 1
         network = model.get("network")
         if isinstance(network, Namespace) and isinstance(network.get("init_args"), Namespace):
+            # A size left at the network's own default counts as unset (an MLP written before the
+            # sizes came from the data has 64 and 10).
+            parameters = inspect.signature(_class_at(network.class_path)).parameters
             for key, value in sizes.items():
                 if key in network.init_args and value is not None:
+                    if key in parameters and network.init_args[key] == parameters[key].default:
+                        network.init_args[key] = None
                     what = {"in_features": "input features", "num_outputs": "outputs"}.get(key, "classes")
                     _set_size(network.init_args, f"model.init_args.network.init_args.{key}", value, what)
 
