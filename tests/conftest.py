@@ -29,17 +29,29 @@ LOGGER_SETS = [
 LICENSES = ["MIT", "Apache-2.0", "BSD-3-Clause", "none"]
 PYTHON_VERSIONS = ["3.10", "3.11", "3.12", "3.13"]
 
-# Every logger combination, with licence and Python version rotated so each value appears.
-MATRIX = {
-    f"loggers={'+'.join(loggers) or 'none'}": {
+
+def _answers(index: int, task: str, loggers: list[str]) -> dict:
+    return {
         "project_name": f"Matrix Project {index}",
         "author_name": "Ada Lovelace",
         "author_email": "ada@example.com",
+        "task": task,
         "loggers": loggers,
         "license": LICENSES[index % 4],
         "python_version": PYTHON_VERSIONS[(index + index // 4) % 4],
     }
+
+
+# Every logger combination for classification, with licence and Python version rotated so each
+# value appears; then regression, with the default loggers answer (wandb) and with TensorBoard and CSV.
+MATRIX = {
+    f"loggers={'+'.join(loggers) or 'none'}": _answers(index, "classification", loggers)
     for index, loggers in enumerate(LOGGER_SETS)
+}
+REGRESSION_LOGGER_SETS = [["wandb"], ["tensorboard", "csv"]]
+MATRIX |= {
+    f"task=regression,loggers={'+'.join(loggers)}": _answers(index, "regression", loggers)
+    for index, loggers in enumerate(REGRESSION_LOGGER_SETS, start=len(LOGGER_SETS))
 }
 
 

@@ -70,8 +70,13 @@ def test_layout(generated, key):
         ".copier-answers.yml",
     ]:
         assert (project / path).is_file(), path
-    for path in ["cli.py", "__main__.py", "models/classifier.py", "data/digits.py", "utils/record.py"]:
+    for path in ["cli.py", "__main__.py", "models/classifier.py", "models/regressor.py", "utils/record.py"]:
         assert (package / path).is_file(), path
+    # The bundled dataset of the task, and not the other one.
+    dataset, other = ("diabetes", "digits") if MATRIX[key]["task"] == "regression" else ("digits", "diabetes")
+    for path in [package / "data" / f"{dataset}.py", project / "configs" / "data" / f"{dataset}.yaml"]:
+        assert path.is_file(), path
+    assert not list(project.rglob(f"{other}.*"))
     environment = yaml.safe_load((project / "environment.yml").read_text())
     assert f"python={MATRIX[key]['python_version']}" in environment["dependencies"]
 
@@ -88,6 +93,22 @@ def test_only_chosen_loggers_leave_files_and_dependencies(generated, key):
         assert (package in names) == (logger_name in chosen), package
     guide = (project / "GUIDE.md").read_text()
     assert ("wandb sync" in guide) == ("wandb" in chosen)
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_the_task_chooses_model_data_and_monitor(generated, key):
+    project = generated(key)
+    config = yaml.safe_load((project / "configs" / "default.yaml").read_text())
+    chosen = [config["model"]["class_path"], config["data"]["class_path"], config["checkpoint"]]
+    names = [name.rsplit(".", 1)[-1] for name in chosen[:2]]
+    if MATRIX[key]["task"] == "regression":
+        assert names == ["Regressor", "DiabetesDataModule"]
+        assert (chosen[2]["monitor"], chosen[2]["mode"]) == ("val/rmse", "min")
+    else:
+        assert names == ["Classifier", "DigitsDataModule"]
+        assert (chosen[2]["monitor"], chosen[2]["mode"]) == ("val/acc", "max")
+    file_data = yaml.safe_load((project / "configs" / "data" / "file.yaml").read_text())["data"]["init_args"]
+    assert file_data["task"] == MATRIX[key]["task"]
 
 
 @pytest.mark.parametrize("key", KEYS)
@@ -120,10 +141,15 @@ def test_declared_dependencies_are_met_by_this_environment(generated, key):
         assert requirement.specifier.contains(version, prereleases=True), f"{requirement} vs {version}"
 
 
-# The project's slow tests (resume, DDP, scripts, sweeps) run with every logger and with none;
-# the other combinations run the fast tests, which cover each logger's own behaviour. The user's
-# path (the default config, loggers on) runs where there are loggers to be on.
-FULL_SUITE = {"loggers=none": ["-m", "not user_path"], "loggers=wandb+tensorboard+csv": []}
+# The project's slow tests (resume, DDP, scripts, sweeps, your own data) run for classification
+# with every logger and with none, and for regression, whose model, metrics, monitored metric and
+# reports differ, once; the other combinations run the fast tests, which cover each logger's own
+# behaviour. The user's path (the default config, loggers on) runs where there are loggers to be on.
+FULL_SUITE = {
+    "loggers=none": ["-m", "not user_path"],
+    "loggers=wandb+tensorboard+csv": [],
+    "task=regression,loggers=tensorboard+csv": [],
+}
 
 
 @pytest.mark.slow

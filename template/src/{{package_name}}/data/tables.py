@@ -240,9 +240,13 @@ def class_labels(table: Table) -> np.ndarray:
     """The labels as class names (strings), refusing a missing one or a fraction."""
     labels = table.labels
     if labels.dtype.kind in "US":
-        empty = np.flatnonzero(labels == "")
-        if len(empty):
-            raise DataError(f"{table.where(empty[0], table.label_name)}: the label is missing")
+        missing = np.flatnonzero((labels == "") | _says_nan(labels))
+        if len(missing):
+            value = str(labels[missing[0]])
+            label = f"the label {value!r}" if value else "the label"
+            raise DataError(
+                f"{table.where(missing[0], table.label_name)}: {label} is missing; {len(missing)} such labels"
+            )
         return labels.astype(str)
     labels = labels.astype(np.float64)
     for bad, problem in (
