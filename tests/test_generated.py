@@ -143,13 +143,16 @@ def test_declared_dependencies_are_met_by_this_environment(generated, key):
 
 # The project's slow tests (resume, DDP, scripts, sweeps, your own data) run for classification
 # with every logger and with none, and for regression, whose model, metrics, monitored metric and
-# reports differ, once; the other combinations run the fast tests, which cover each logger's own
-# behaviour. The user's path (the default config, loggers on) runs where there are loggers to be on.
+# reports differ, once; the other combinations run the fast tests of the files whose code or
+# outcome depends on the loggers chosen (the rest are the same for every answer, and run in the
+# three above). The user's path (the default config, loggers on) runs where there are loggers.
 FULL_SUITE = {
     "loggers=none": ["-m", "not user_path"],
     "loggers=wandb+tensorboard+csv": [],
     "task=regression,loggers=tensorboard+csv": [],
 }
+LOGGER_FILES = ("loggers", "reports", "config", "smoke", "lint", "memory", "sweep")
+LOGGER_TESTS = ["-m", "not slow", *(f"tests/test_{name}.py" for name in LOGGER_FILES)]
 
 
 @pytest.mark.slow
@@ -157,7 +160,7 @@ FULL_SUITE = {
 def test_generated_project_tests_pass(generated, key):
     project = generated(key)
     install(project)
-    selection = FULL_SUITE.get(key, ["-m", "not slow"])
+    selection = FULL_SUITE.get(key, LOGGER_TESTS)
     result = run_python(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
     assert re.search(r"\d+ passed", result.stdout)
