@@ -149,8 +149,7 @@ def test_declared_dependencies_are_met_by_this_environment(generated, key):
 FULL_SUITE = {
     "loggers=none": ["-m", "not slow"],
     "loggers=wandb+tensorboard+csv": [],
-    # test_refused_inputs.py is still shaped on digits: 24 of its tests fail in a regression project.
-    "task=regression,loggers=tensorboard+csv": ["--ignore", "tests/test_refused_inputs.py"],
+    "task=regression,loggers=tensorboard+csv": [],
 }
 LOGGER_FILES = ("loggers", "reports", "config", "smoke", "lint", "memory", "sweep")
 LOGGER_TESTS = ["-m", "not slow", *(f"tests/test_{name}.py" for name in LOGGER_FILES)]

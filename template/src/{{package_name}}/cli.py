@@ -155,6 +155,10 @@ def _class_at(class_path: str) -> Any:
     return getattr(importlib.import_module(module), name, None)
 
 
+# What each size the CLI takes from the data counts, as its messages say.
+SIZE_NAMES = {"in_features": "input features", "num_classes": "classes", "num_outputs": "regression target"}
+
+
 def _set_size(settings: Namespace, key: str, size: int | None, what: str) -> None:
     name = key.rpartition(".")[2]
     if settings[name] is None:
@@ -337,8 +341,8 @@ class CLI(LightningCLI):
                 if key in network.init_args and value is not None:
                     if key in parameters and network.init_args[key] == parameters[key].default:
                         network.init_args[key] = None
-                    what = {"in_features": "input features", "num_outputs": "outputs"}.get(key, "classes")
-                    _set_size(network.init_args, f"model.init_args.network.init_args.{key}", value, what)
+                    key_path = f"model.init_args.network.init_args.{key}"
+                    _set_size(network.init_args, key_path, value, SIZE_NAMES[key])
 
     def _check_precision(self, trainer: Namespace) -> None:
         """Refuse a precision the device cannot run, which Lightning would silently replace."""

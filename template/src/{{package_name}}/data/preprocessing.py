@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
 from torch import Tensor, nn
 
-from .tables import DataError, Table, class_labels, target_values
+from .tables import DataError, Table, class_labels, such, target_values
 
 
 class Preprocessing(nn.Module):
@@ -151,7 +151,7 @@ def encode_labels(table: Table, preprocessing: Preprocessing, task: str) -> Tens
         first = unknown[0]
         raise DataError(
             f"{table.where(first, table.label_name)}: the label {str(names[first])!r} is not among the "
-            f"classes of the training split {preprocessing.classes[:10]}; {len(unknown)} such labels"
+            f"classes of the training split {preprocessing.classes[:10]}; {such(len(unknown), 'label')}"
         )
     return torch.as_tensor([index[name] for name in names], dtype=torch.int64)
 

@@ -163,7 +163,7 @@ def _read_csv(path: Path, label_column: str) -> Table:
             value = repr(str(values[first, i])) + " is not a number" if values[first, i] else "it is missing"
             raise DataError(
                 f"{path} {rows[first]}, column {header[i]!r}: {value} "
-                f"({len(missing)} such values in a column of numbers); fill or drop them"
+                f"({such(len(missing), 'value')} in a column of numbers); fill or drop them"
             )
         numeric.append((i, numbers))
     table = Table(
@@ -209,6 +209,11 @@ def _label_values(column: np.ndarray) -> np.ndarray:
     return column
 
 
+def such(count: int, noun: str) -> str:
+    """``1 such value``, ``3 such values``: how many values a message's example stands for."""
+    return f"{count} such {noun}{'' if count == 1 else 's'}"
+
+
 def check_numeric(table: Table) -> None:
     """Refuse a numeric feature that is not finite or is too large to train on in float32."""
     flat = table.numeric.reshape(len(table), -1)
@@ -220,7 +225,7 @@ def check_numeric(table: Table) -> None:
     problem = "is not a finite number" if not np.isfinite(value) else f"is beyond ±{LARGEST_VALUE:.0e}"
     raise DataError(
         f"{table.where(row, table.numeric_names[column])}: {value:g} {problem}; "
-        f"{int(bad.sum())} such values, which cannot be trained on in float32 (a placeholder for a "
+        f"{such(int(bad.sum()), 'value')}, which cannot be trained on in float32 (a placeholder for a "
         "missing value?); fill or drop them"
     )
 
@@ -244,9 +249,8 @@ def class_labels(table: Table) -> np.ndarray:
         if len(missing):
             value = str(labels[missing[0]])
             label = f"the label {value!r}" if value else "the label"
-            raise DataError(
-                f"{table.where(missing[0], table.label_name)}: {label} is missing; {len(missing)} such labels"
-            )
+            where = table.where(missing[0], table.label_name)
+            raise DataError(f"{where}: {label} is missing; {such(len(missing), 'label')}")
         return labels.astype(str)
     labels = labels.astype(np.float64)
     for bad, problem in (
@@ -257,7 +261,7 @@ def class_labels(table: Table) -> np.ndarray:
             first = np.flatnonzero(bad)[0]
             raise DataError(
                 f"{table.where(first, table.label_name)}: the label {labels[first]:g} {problem}; "
-                f"{int(bad.sum())} such labels"
+                f"{such(int(bad.sum()), 'label')}"
                 + ("; for numeric targets generate a regression project" if "class" in problem else "")
             )
     return np.array([str(int(label)) for label in labels])
@@ -272,7 +276,7 @@ def target_values(table: Table) -> np.ndarray:
         text = np.flatnonzero(not_numbers)
         raise DataError(
             f"{table.where(text[0], table.label_name)}: the target {str(labels[text[0]])!r} is not a number; "
-            f"{len(text)} such targets; a regression target must be numeric"
+            f"{such(len(text), 'target')}; a regression target must be numeric"
         )
     labels = labels.astype(np.float64)
     bad = ~np.isfinite(labels) | (np.abs(np.nan_to_num(labels)) > LARGEST_VALUE)
@@ -280,6 +284,6 @@ def target_values(table: Table) -> np.ndarray:
         first = np.flatnonzero(bad)[0]
         raise DataError(
             f"{table.where(first, table.label_name)}: the target {labels[first]:g} is missing, not finite "
-            f"or beyond ±{LARGEST_VALUE:.0e}; {int(bad.sum())} such targets"
+            f"or beyond ±{LARGEST_VALUE:.0e}; {such(int(bad.sum()), 'target')}"
         )
     return labels
