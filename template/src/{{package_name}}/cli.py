@@ -34,7 +34,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-from .data import ArrayDataModule
+from .data import ArrayDataModule, ImageFolderDataModule
 from .errors import ConfigError, message_of
 from .models.base import check_task
 from .utils import (
@@ -286,6 +286,8 @@ class CLI(LightningCLI):
         if config.get("inputs") is not None:
             if self.subcommand != "predict":
                 self.parser.error(f"--inputs is for predict, not {self.subcommand}")
+            if "predict_path" not in config.data.init_args:
+                self.parser.error(f"--inputs: {config.data.class_path} reads no files of samples (predict_path)")
             config.data.init_args.predict_path = config.inputs
         self._set_sizes(config)
         try:
@@ -318,7 +320,7 @@ class CLI(LightningCLI):
         """Give the model and its network the data's sizes (classes, input features, outputs) where
         they are unset, and refuse one set by hand that differs from the data's."""
         data_class = _class_at(config.data.class_path)
-        if not (isinstance(data_class, type) and issubclass(data_class, ArrayDataModule)):
+        if not (isinstance(data_class, type) and issubclass(data_class, (ArrayDataModule, ImageFolderDataModule))):
             return  # a data module of another kind: the sizes are as configured
         try:
             data = data_class(**config.data.init_args.as_dict())

@@ -11,6 +11,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from ..data.base import ArrayDataModule
+from ..data.images import ImageFolderDataModule
 from ..models import Regressor
 
 
@@ -28,7 +29,8 @@ class PredictionWriter(BasePredictionWriter):
 
     ``index`` is the sample's position in the predicted split; ``row`` its row in the data the data
     module loaded (for a data file, the file's row; for ``predict --inputs``, the row in that
-    file), when the data module is an ``ArrayDataModule``. ``label`` and ``target`` are present
+    file), when the data module is an ``ArrayDataModule``; ``file`` the image file, when it is an
+    ``ImageFolderDataModule``. ``label`` and ``target`` are present
     when the batches carry them (``(inputs, labels)``). Under DDP each process writes its own
     share to ``predictions-rank<N>.csv``.
     """
@@ -70,6 +72,8 @@ class PredictionWriter(BasePredictionWriter):
         datamodule = trainer.datamodule
         if isinstance(datamodule, ArrayDataModule):
             columns["row"] = datamodule.rows[datamodule.predict_split][indices].tolist()
+        elif isinstance(datamodule, ImageFolderDataModule):
+            columns["file"] = [datamodule.files["test"][i] for i in indices]
         if is_regression(trainer, pl_module):
             columns |= regression_columns(outputs, labels)
         else:

@@ -1,0 +1,336 @@
+"""Images on disk, one folder per class (torchvision's ``ImageFolder`` layout), decoded and
+augmented in loader worker processes.
+
+What a random augmentation draws depends only on the seed, the epoch and the sample's index:
+each sample is transformed under a random state made from those three, never from a worker's
+own stream. So the number of workers, which worker serves a sample, and a resume in the middle
+of an epoch leave every augmented image as it would have been.
+"""
+
+import os
+from pathlib import Path
+import numpy as np
+import torch
+from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveFloat, PositiveInt
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from lightning.pytorch.utilities import rank_zero_info
+from sklearn.model_selection import train_test_split
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms import v2
+
+from ..errors import ConfigError
+from .base import EpochSampler
+from .preprocessing import Preprocessing
+
+SPLITS = ("train", "val", "test")
+# Evaluation resizes the shorter side to the crop size over this ratio, then crops the centre.
+CENTRE_CROP_RATIO = 0.875
+
+
+class UnreadableImageError(ConfigError):
+    """An image that cannot be decoded. Raised in a loader worker, it reaches the main process as
+    torch re-raises it there: the same class, with the worker's traceback before the message."""
+
+    def __str__(self) -> str:
+        last = super().__str__().rstrip().splitlines()[-1]
+        return last.removeprefix(f"{type(self).__module__}.{type(self).__qualname__}: ")
+
+
+def read_image(path: str) -> Tensor:
+    """An image file as a 3 x H x W uint8 tensor: grey and RGBA images are converted to RGB."""
+    try:
+        return decode_image(path, mode=ImageReadMode.RGB)
+    except (RuntimeError, OSError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UnreadableImageError(f"{path} is not a readable image ({reason})") from None
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of one sample's augmentation in one epoch."""
+    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1)[0])
+
+
+class ImageFiles(Dataset):
+    """Image files and their class indices. A key ``(index, epoch)`` augments under the seed of
+    that sample and epoch; a plain index transforms without randomness (evaluation)."""
+
+    def __init__(self, files: list[str], labels: list[int], transform: v2.Transform, seed: int) -> None:
+        self.files, self.labels, self.transform, self.seed = files, labels, transform, seed
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor, int]:
+        index, epoch = key if isinstance(key, tuple) else (key, None)
+        image = read_image(self.files[index])
+        if epoch is None:
+            return self.transform(image), self.labels[index]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(sample_seed(self.seed, epoch, index))
+            return self.transform(image), self.labels[index]
+
+
+class SeededEpochSampler(EpochSampler):
+    """DDP's shuffled sampler, yielding each index with the epoch it is drawn in."""
+
+    def __iter__(self):
+        epoch = self.epoch
+        for index in super().__iter__():
+            yield index, epoch
+
+
+class ImageFolderDataModule(LightningDataModule):
+    """A folder of images, one subfolder per class, split into train, val and test.
+
+    With ``train/``, ``val/`` and ``test/`` subfolders in ``root``, each is a split, and each
+    must hold every class. Otherwise ``root`` holds the class folders, and the split is
+    stratified by class, seeded by ``split_seed`` apart from the training seed. Files whose
+    extension is not an image's are ignored.
+
+    Args:
+        root: the folder of images.
+        image_size: the side, in pixels, of the square images the network receives.
+        batch_size: samples per batch on each process.
+        val_fraction: share of the images held out for validation (without split folders).
+        test_fraction: share of the images held out for testing (without split folders).
+        split_seed: seed of the split.
+        subset: keep only part of each split: below 1 a fraction, from 1 on a number of images.
+        crop_scale: training crops cover this range of each image's area, at random, and are
+            resized to ``image_size``; null resizes and crops the centre, as evaluation does.
+        flip: flip training images left to right half of the time.
+        color_jitter: strength of random changes to brightness, contrast and saturation in
+            training (0: none).
+        mean: per-channel mean subtracted after scaling pixels to [0, 1].
+        std: per-channel standard deviation divided by after that.
+        num_workers: loader worker processes that decode and augment; by default one fewer than
+            the CPUs available to each process, at least 1 and at most 8.
+        pin_memory: page-locked host memory for faster copies to a GPU; by default on exactly
+            when training on a GPU.
+        drop_last: leave out each epoch's last, incomplete training batch.
+        skip_unreadable: leave out the images that cannot be decoded, found by decoding every
+            image once at the start, and say how many; by default such an image stops the run
+            with its path.
+    """
+
+    task = "classification"
+
+    def __init__(
+        self,
+        root: str = "data/images",
+        image_size: PositiveInt = 224,
+        batch_size: PositiveInt = 64,
+        val_fraction: OpenUnitInterval = 0.15,
+        test_fraction: OpenUnitInterval = 0.15,
+        split_seed: int = 0,
+        subset: PositiveFloat | None = None,
+        crop_scale: tuple[OpenUnitInterval, float] | None = (0.08, 1.0),
+        flip: bool = True,
+        color_jitter: float = 0.0,
+        mean: tuple[float, float, float] = (0.485, 0.456, 0.406),
+        std: tuple[PositiveFloat, PositiveFloat, PositiveFloat] = (0.229, 0.224, 0.225),
+        num_workers: NonNegativeInt | None = None,
+        pin_memory: bool | None = None,
+        drop_last: bool = False,
+        skip_unreadable: bool = False,
+    ) -> None:
+        super().__init__()
+        if crop_scale is not None and not 0 < crop_scale[0] <= crop_scale[1] <= 1:
+            raise ValueError(f"data.crop_scale must be two fractions, low to high, got {list(crop_scale)}")
+        if not 0 <= color_jitter < 1:
+            raise ValueError(f"data.color_jitter must be in [0, 1), got {color_jitter}")
+        if val_fraction + test_fraction >= 1:
+            raise ValueError(
+                f"data.val_fraction + data.test_fraction must be below 1, got {val_fraction} + {test_fraction}"
+            )
+        self.save_hyperparameters()
+        self.batch_size = batch_size
+        self.files: dict[str, list[str]] = {}
+        self.labels: dict[str, list[int]] = {}
+        self.preprocessing: Preprocessing | None = None  # only the class names: images need no fitting
+
+    @property
+    def classes(self) -> list[str]:
+        return self.prepare().classes
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def num_features(self) -> int:
+        """The values in one image the network receives, for a network that flattens it."""
+        return 3 * self.hparams.image_size**2
+
+    def prepare(self) -> Preprocessing:
+        """Find the images, check the classes, and split; once."""
+        if self.preprocessing is not None:
+            return self.preprocessing
+        root = Path(self.hparams.root)
+        if not root.is_dir():
+            raise ConfigError(f"data.root: no such folder {root}; put your images in class folders there")
+        if all((root / split).is_dir() for split in SPLITS):
+            classes, found = self._split_folders(root)
+        else:
+            classes, samples = self._class_folders(root)
+            found = self._split([path for path, _ in samples], [label for _, label in samples])
+        if self.hparams.skip_unreadable:
+            found = {split: self._readable(files, labels) for split, (files, labels) in found.items()}
+        for split, (files, labels) in found.items():
+            size = self._subset_size(len(files))
+            self.files[split], self.labels[split] = files[:size], labels[:size]
+        self.preprocessing = Preprocessing()
+        self.preprocessing.classes = classes
+        return self.preprocessing
+
+    def _class_folders(self, root: Path) -> tuple[list[str], list[tuple[str, int]]]:
+        """The class names and every image under ``root``, refusing a class folder without one."""
+        try:
+            classes, class_to_index = find_classes(str(root))
+        except FileNotFoundError:
+            raise ConfigError(
+                f"{root} has no class folders: put each class's images in a folder named after it"
+            ) from None
+        samples = make_dataset(str(root), class_to_index, extensions=IMG_EXTENSIONS, allow_empty=True)
+        counts = np.bincount([label for _, label in samples], minlength=len(classes))
+        if (counts == 0).any():
+            empty = [classes[i] for i in np.flatnonzero(counts == 0)]
+            raise ConfigError(
+                f"{root}: the class folders {empty} hold no images ({', '.join(IMG_EXTENSIONS)}); "
+                "add images or remove the folders"
+            )
+        return classes, samples
+
+    def _split_folders(self, root: Path) -> tuple[list[str], dict[str, tuple[list[str], list[int]]]]:
+        found, classes = {}, None
+        for split in SPLITS:
+            names, samples = self._class_folders(root / split)
+            if classes is not None and names != classes:
+                missing = sorted(set(classes) ^ set(names))
+                raise ConfigError(
+                    f"{root}: the splits hold different classes: {missing} are not in every one of "
+                    f"{', '.join(f'{s}/' for s in SPLITS)}; each split needs a folder for each class"
+                )
+            classes = names
+            order = np.random.default_rng(self.hparams.split_seed).permutation(len(samples))
+            found[split] = ([samples[i][0] for i in order], [samples[i][1] for i in order])
+        return classes, found
+
+    def _split(self, files: list[str], labels: list[int]) -> dict[str, tuple[list[str], list[int]]]:
+        hparams = self.hparams
+        holdout = hparams.val_fraction + hparams.test_fraction
+        indices = np.arange(len(files))
+        labels_array = np.asarray(labels)
+        try:
+            train, rest = train_test_split(
+                indices, test_size=holdout, stratify=labels_array, random_state=hparams.split_seed
+            )
+            val, test = train_test_split(
+                rest,
+                test_size=hparams.test_fraction / holdout,
+                stratify=labels_array[rest],
+                random_state=hparams.split_seed,
+            )
+        except ValueError as error:
+            raise ConfigError(
+                f"{hparams.root}: too few images in a class to split it by class into train, val and "
+                f"test ({error}); add images, or use train/, val/ and test/ folders"
+            ) from None
+        return {
+            split: ([files[i] for i in rows], [labels[i] for i in rows])
+            for split, rows in zip(SPLITS, (train, val, test), strict=True)
+        }
+
+    def _readable(self, files: list[str], labels: list[int]) -> tuple[list[str], list[int]]:
+        unreadable = {path for path in files if not _decodes(path)}
+        if unreadable:
+            rank_zero_info(f"Skipping {len(unreadable)} unreadable images, e.g. {min(unreadable)}")
+        kept = [i for i, path in enumerate(files) if path not in unreadable]
+        return [files[i] for i in kept], [labels[i] for i in kept]
+
+    def _subset_size(self, size: int) -> int:
+        subset = self.hparams.subset
+        if subset is None:
+            return size
+        return max(1, int(np.ceil(subset * size))) if subset < 1 else min(int(subset), size)
+
+    def setup(self, stage: str) -> None:
+        self.prepare()
+        for split in SPLITS:
+            if not self.files[split]:
+                raise ConfigError(f"{self.hparams.root}: the {split} split holds no images")
+
+    def transform(self, train: bool) -> v2.Transform:
+        """Training: the configured augmentation; evaluation: resize and centre crop only. Both end
+        in float pixels normalised by ``mean`` and ``std``."""
+        hparams = self.hparams
+        size = hparams.image_size
+        if train and hparams.crop_scale is not None:
+            steps = [v2.RandomResizedCrop(size, scale=tuple(hparams.crop_scale), antialias=True)]
+        else:
+            steps = [v2.Resize(round(size / CENTRE_CROP_RATIO), antialias=True), v2.CenterCrop(size)]
+        if train and hparams.flip:
+            steps.append(v2.RandomHorizontalFlip())
+        if train and hparams.color_jitter:
+            jitter = hparams.color_jitter
+            steps.append(v2.ColorJitter(brightness=jitter, contrast=jitter, saturation=jitter))
+        steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(hparams.mean), list(hparams.std))]
+        return v2.Compose(steps)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
+        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        dataset = ImageFiles(self.files[split], self.labels[split], self.transform(train=shuffle), seed)
+        replicas, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        if shuffle:
+            sampler = SeededEpochSampler(dataset, num_replicas=replicas, rank=rank, shuffle=True, seed=seed)
+            sampler.set_epoch(self.trainer.current_epoch if self.trainer else 0)
+        else:
+            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=replicas, rank=rank, shuffle=False)
+        workers = self.hparams.num_workers
+        if workers is None:
+            workers = default_workers(replicas)
+        pin_memory = self.hparams.pin_memory
+        if pin_memory is None:
+            pin_memory = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        loader_class = StatefulDataLoader if shuffle else DataLoader
+        return loader_class(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            drop_last=shuffle and self.hparams.drop_last,
+            num_workers=workers,
+            pin_memory=pin_memory,
+            persistent_workers=workers > 0,
+            # Worker seeds come from this generator, never from the global one that dropout uses.
+            generator=torch.Generator().manual_seed(seed),
+        )
+
+
+def default_workers(processes: int) -> int:
+    """One fewer than the CPUs available to each training process, at least 1 and at most 8."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(8, cpus // processes - 1))
+
+
+def _decodes(path: str) -> bool:
+    try:
+        read_image(path)
+    except UnreadableImageError:
+        return False
+    return True
