@@ -7,8 +7,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# The CPU build of torch, installed before everything else so that no CUDA build is pulled in.
-TORCH ?= torch==2.13.0
+# torch and torchvision, installed together before everything else so that nothing pulls in
+# another build of torch: a torchvision only works beside the torch build it was made for.
+TORCH ?= torch==2.14.1 torchvision==0.29.1
 
 .PHONY: setup test test-fast demo docs bench lint tags clean
 
@@ -16,7 +17,7 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet $(TORCH)
 	$(BIN)/pip install --quiet -r requirements-dev.txt
 	touch $@
 
