@@ -141,26 +141,39 @@ def test_declared_dependencies_are_met_by_this_environment(generated, key):
         assert requirement.specifier.contains(version, prereleases=True), f"{requirement} vs {version}"
 
 
-# The project's whole suite, slow tests (resume, DDP, scripts, sweeps, your own data) and the
-# user's path (the default config, loggers on) included, runs for classification with every
-# logger and for regression, whose model, metrics, monitored metric and reports differ; the fast
-# tests run with no logger; the other combinations run the fast tests of the files whose code or
-# outcome depends on the loggers chosen (the rest are the same for every answer).
-FULL_SUITE = {
-    "loggers=none": ["-m", "not slow"],
-    "loggers=wandb+tensorboard+csv": [],
-    "task=regression,loggers=tensorboard+csv": [],
-}
+# Which of a generated project's tests run, by answer set (each selection is one pytest command):
+# - classification with every logger: the whole suite, slow tests (resume, DDP, images, scripts,
+#   sweeps, your own data) and the user's path (the default config, loggers on) included;
+# - regression: every test of the files whose model, metrics, monitored metric, data or reports
+#   differ by task, slow ones included, and the fast image tests (the image module classifies in
+#   every project); the machinery both tasks share (DDP signals, resume, memory, tooling,
+#   sweeps, exact resume with image workers) runs once, above;
+# - no logger, each logger alone, TensorBoard with CSV, and regression with wandb: the fast tests
+#   of the files whose code or outcome depends on the loggers chosen.
+# The other logger pairs are generated and checked above, and their loggers run in these.
+TASK_FILES = ("own_data", "refused_inputs", "training", "reports", "config", "data", "errors", "export")
+TASK_FILES += ("scripts", "smoke", "lint", "user_path", "loggers")
 LOGGER_FILES = ("loggers", "reports", "config", "smoke", "lint", "memory", "sweep")
-LOGGER_TESTS = ["-m", "not slow", *(f"tests/test_{name}.py" for name in LOGGER_FILES)]
+LOGGER_TESTS = [["-m", "not slow", *(f"tests/test_{name}.py" for name in LOGGER_FILES)]]
+SELECTIONS = {
+    key: LOGGER_TESTS
+    for key in KEYS
+    if key.partition("loggers=")[2] in ("none", "wandb", "tensorboard", "csv", "tensorboard+csv")
+} | {
+    "loggers=wandb+tensorboard+csv": [[]],
+    "task=regression,loggers=tensorboard+csv": [
+        [*(f"tests/test_{name}.py" for name in TASK_FILES)],
+        ["-m", "not slow", "tests/test_images.py"],
+    ],
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize("key", list(SELECTIONS))
 def test_generated_project_tests_pass(generated, key):
     project = generated(key)
     install(project)
-    selection = FULL_SUITE.get(key, LOGGER_TESTS)
-    result = run_python(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection)
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
-    assert re.search(r"\d+ passed", result.stdout)
+    for selection in SELECTIONS[key]:
+        result = run_python(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection)
+        assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+        assert re.search(r"\d+ passed", result.stdout)
