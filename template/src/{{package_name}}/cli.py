@@ -287,7 +287,8 @@ class CLI(LightningCLI):
             if self.subcommand != "predict":
                 self.parser.error(f"--inputs is for predict, not {self.subcommand}")
             if "predict_path" not in config.data.init_args:
-                self.parser.error(f"--inputs: {config.data.class_path} reads no files of samples (predict_path)")
+                reader = config.data.class_path
+                self.parser.error(f"--inputs: {reader} reads no files of samples (predict_path)")
             config.data.init_args.predict_path = config.inputs
         self._set_sizes(config)
         try:
@@ -320,7 +321,8 @@ class CLI(LightningCLI):
         """Give the model and its network the data's sizes (classes, input features, outputs) where
         they are unset, and refuse one set by hand that differs from the data's."""
         data_class = _class_at(config.data.class_path)
-        if not (isinstance(data_class, type) and issubclass(data_class, (ArrayDataModule, ImageFolderDataModule))):
+        sized = (ArrayDataModule, ImageFolderDataModule)
+        if not (isinstance(data_class, type) and issubclass(data_class, sized)):
             return  # a data module of another kind: the sizes are as configured
         try:
             data = data_class(**config.data.init_args.as_dict())

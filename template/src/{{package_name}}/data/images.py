@@ -9,6 +9,7 @@ of an epoch leave every augmented image as it would have been.
 
 import os
 from pathlib import Path
+
 import numpy as np
 import torch
 from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveFloat, PositiveInt
@@ -145,7 +146,8 @@ class ImageFolderDataModule(LightningDataModule):
             raise ValueError(f"data.color_jitter must be in [0, 1), got {color_jitter}")
         if val_fraction + test_fraction >= 1:
             raise ValueError(
-                f"data.val_fraction + data.test_fraction must be below 1, got {val_fraction} + {test_fraction}"
+                "data.val_fraction + data.test_fraction must be below 1, "
+                f"got {val_fraction} + {test_fraction}"
             )
         self.save_hyperparameters()
         self.batch_size = batch_size

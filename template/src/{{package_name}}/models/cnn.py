@@ -22,7 +22,8 @@ class CNN(nn.Module):
         if num_classes is None:
             raise ValueError("network: give num_classes (the CLI takes it from the data)")
         if min(in_channels, *channels) < 1:
-            raise ValueError(f"network.in_channels and channels must be positive, got {in_channels} and {list(channels)}")
+            sizes = f"{in_channels} and {list(channels)}"
+            raise ValueError(f"network.in_channels and channels must be positive, got {sizes}")
         layers: list[nn.Module] = []
         width = in_channels
         for stage, out in enumerate(channels):
