@@ -145,14 +145,15 @@ def test_declared_dependencies_are_met_by_this_environment(generated, key):
 # - classification with every logger: the whole suite, slow tests (resume, DDP, images, scripts,
 #   sweeps, your own data) and the user's path (the default config, loggers on) included;
 # - regression: every test of the files whose model, metrics, monitored metric, data or reports
-#   differ by task, slow ones included, and the fast image tests (the image module classifies in
-#   every project); the machinery both tasks share (DDP signals, resume, memory, tooling,
-#   sweeps, exact resume with image workers) runs once, above;
+#   differ by task, slow ones included (the user's path with DDP and a mid-epoch resume, exact
+#   resume, sweeps and the record among them), and the fast image tests (the image module
+#   classifies in every project); the machinery both tasks share (DDP signals and hangs, memory,
+#   tooling, exact resume with image workers) runs once, above;
 # - no logger, each logger alone, TensorBoard with CSV, and regression with wandb: the fast tests
 #   of the files whose code or outcome depends on the loggers chosen.
 # The other logger pairs are generated and checked above, and their loggers run in these.
 TASK_FILES = ("own_data", "refused_inputs", "training", "reports", "config", "data", "errors", "export")
-TASK_FILES += ("scripts", "smoke", "lint", "user_path", "loggers")
+TASK_FILES += ("scripts", "smoke", "lint", "user_path", "loggers", "resume", "sweep")
 LOGGER_FILES = ("loggers", "reports", "config", "smoke", "lint", "memory", "sweep")
 LOGGER_TESTS = [["-m", "not slow", *(f"tests/test_{name}.py" for name in LOGGER_FILES)]]
 SELECTIONS = {
