@@ -108,6 +108,7 @@ MLP = f"src/{PACKAGE}/models/mlp.py"
 USER_OWNED = [
     "README.md",
     MLP,
+    f"src/{PACKAGE}/models/cnn.py",
     f"src/{PACKAGE}/data/digits.py",
     f"src/{PACKAGE}/data/diabetes.py",
     "configs/experiment/*.yaml",
@@ -144,6 +145,15 @@ model:
         channels: 8
 """
 NOTES = "\nOur lab trains on the digits first, then on the slide scans.\n"
+# The image pipeline, new in v0.3.0: the template's data module, config and script, and the user's
+# network and model config (written by the update, since the project has none).
+IMAGE_PIPELINE = [
+    f"src/{PACKAGE}/data/images.py",
+    f"src/{PACKAGE}/models/cnn.py",
+    "configs/data/images.yaml",
+    "configs/model/cnn.yaml",
+    "scripts/digits_to_images.py",
+]
 
 
 def copy_at(repo: Path, ref: str, destination: Path, **answers) -> Path:
@@ -233,6 +243,8 @@ def test_update_keeps_every_user_edit_and_leaves_no_conflict(updated):
     assert_clean_merge(project)
     for name, content in expected.items():
         assert content in (project / name).read_text(), name
+    # The user's own models/cnn.py is kept; the rest of the image pipeline is added.
+    assert [name for name in IMAGE_PIPELINE if not (project / name).is_file()] == []
 
 
 def test_the_tests_know_which_files_are_the_users():
@@ -259,10 +271,14 @@ def test_a_user_file_the_user_never_edited_is_refreshed(template_repo, tmp_path,
     project = copy_at(template_repo, release, tmp_path / "upgraded")
     before = files(project)
     update(project, unsafe=True)
+    assert_clean_merge(project)
     fresh = files(copy_at(template_repo, "HEAD", tmp_path / "fresh" / "upgraded"))
     assert differing(project, fresh) == []
     if release == RELEASED[0][0]:  # the template has changed both since: the test checks something
         assert before[MLP] != fresh[MLP] and before["README.md"] != fresh["README.md"]
+    if _version(release) < (0, 3, 0):  # the update adds the image pipeline, as a fresh copy has it
+        assert [name for name in IMAGE_PIPELINE if name in before] == []
+        assert [name for name in IMAGE_PIPELINE if name not in files(project)] == []
 
 
 def test_the_first_release_answers_are_kept(updated):
