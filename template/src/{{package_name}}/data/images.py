@@ -8,6 +8,8 @@ of an epoch leave every augmented image as it would have been.
 """
 
 import os
+import re
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,7 @@ from sklearn.model_selection import train_test_split
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+from torchvision.datasets.folder import find_classes, make_dataset
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 
@@ -29,6 +31,8 @@ from .base import EpochSampler
 from .preprocessing import Preprocessing
 
 SPLITS = ("train", "val", "test")
+# The formats torchvision decodes into one image; files with other extensions are ignored.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
 # Evaluation resizes the shorter side to the crop size over this ratio, then crops the centre.
 CENTRE_CROP_RATIO = 0.875
 
@@ -47,7 +51,9 @@ def read_image(path: str) -> Tensor:
     try:
         return decode_image(path, mode=ImageReadMode.RGB)
     except (RuntimeError, OSError) as error:
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        # torchvision's messages start with the C++ function and source line: keep the reason.
+        first_line = (str(error) or type(error).__name__).splitlines()[0]
+        reason = re.sub(r"^\S+, \S+:\d+, ", "", first_line).split(". ")[0]
         raise UnreadableImageError(f"{path} is not a readable image ({reason})") from None
 
 
@@ -72,7 +78,8 @@ class ImageFiles(Dataset):
         if epoch is None:
             return self.transform(image), self.labels[index]
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(sample_seed(self.seed, epoch, index))
+            # The CPU generator only: torch.manual_seed would also queue the seeding of CUDA.
+            torch.default_generator.manual_seed(sample_seed(self.seed, epoch, index))
             return self.transform(image), self.labels[index]
 
 
@@ -181,7 +188,8 @@ class ImageFolderDataModule(LightningDataModule):
             classes, samples = self._class_folders(root)
             found = self._split([path for path, _ in samples], [label for _, label in samples])
         if self.hparams.skip_unreadable:
-            found = {split: self._readable(files, labels) for split, (files, labels) in found.items()}
+            unreadable = _unreadable(tuple(sorted(path for files, _ in found.values() for path in files)))
+            found = {split: _without(files, labels, unreadable) for split, (files, labels) in found.items()}
         for split, (files, labels) in found.items():
             size = self._subset_size(len(files))
             self.files[split], self.labels[split] = files[:size], labels[:size]
@@ -197,12 +205,12 @@ class ImageFolderDataModule(LightningDataModule):
             raise ConfigError(
                 f"{root} has no class folders: put each class's images in a folder named after it"
             ) from None
-        samples = make_dataset(str(root), class_to_index, extensions=IMG_EXTENSIONS, allow_empty=True)
+        samples = make_dataset(str(root), class_to_index, extensions=IMAGE_EXTENSIONS, allow_empty=True)
         counts = np.bincount([label for _, label in samples], minlength=len(classes))
         if (counts == 0).any():
             empty = [classes[i] for i in np.flatnonzero(counts == 0)]
             raise ConfigError(
-                f"{root}: the class folders {empty} hold no images ({', '.join(IMG_EXTENSIONS)}); "
+                f"{root}: the class folders {empty} hold no images ({', '.join(IMAGE_EXTENSIONS)}); "
                 "add images or remove the folders"
             )
         return classes, samples
@@ -246,13 +254,6 @@ class ImageFolderDataModule(LightningDataModule):
             split: ([files[i] for i in rows], [labels[i] for i in rows])
             for split, rows in zip(SPLITS, (train, val, test), strict=True)
         }
-
-    def _readable(self, files: list[str], labels: list[int]) -> tuple[list[str], list[int]]:
-        unreadable = {path for path in files if not _decodes(path)}
-        if unreadable:
-            rank_zero_info(f"Skipping {len(unreadable)} unreadable images, e.g. {min(unreadable)}")
-        kept = [i for i, path in enumerate(files) if path not in unreadable]
-        return [files[i] for i in kept], [labels[i] for i in kept]
 
     def _subset_size(self, size: int) -> int:
         subset = self.hparams.subset
@@ -330,9 +331,21 @@ def default_workers(processes: int) -> int:
     return max(1, min(8, cpus // processes - 1))
 
 
-def _decodes(path: str) -> bool:
-    try:
-        read_image(path)
-    except UnreadableImageError:
-        return False
-    return True
+def _without(files: list[str], labels: list[int], left_out: frozenset[str]) -> tuple[list[str], list[int]]:
+    kept = [i for i, path in enumerate(files) if path not in left_out]
+    return [files[i] for i in kept], [labels[i] for i in kept]
+
+
+@cache
+def _unreadable(paths: tuple[str, ...]) -> frozenset[str]:
+    """The images among ``paths`` that cannot be decoded, said once per set of files (the
+    command line reads the data for its sizes before training reads it again)."""
+    unreadable = set()
+    for path in paths:
+        try:
+            read_image(path)
+        except UnreadableImageError:
+            unreadable.add(path)
+    if unreadable:
+        rank_zero_info(f"Skipping {len(unreadable)} unreadable images, e.g. {min(unreadable)}")
+    return frozenset(unreadable)
