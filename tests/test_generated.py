@@ -154,6 +154,13 @@ def test_declared_dependencies_are_met_by_this_environment(generated, key):
 # The other logger pairs are generated and checked above, and their loggers run in these.
 TASK_FILES = ("own_data", "refused_inputs", "training", "reports", "config", "data", "errors", "export")
 TASK_FILES += ("scripts", "smoke", "lint", "user_path", "loggers", "resume", "sweep")
+# Tests of those files whose subject is the same in both tasks: torch.compile, and DDP launched
+# by Lightning's other two launchers (the ddp_cpu.yaml preset runs in both).
+ONCE = (
+    "test_training.py::test_compiled_network_trains_and_saves_plain_weight_names",
+    "test_user_path.py::test_ddp_on_two_cpu_processes[ddp]",
+    "test_user_path.py::test_ddp_on_two_cpu_processes[ddp_spawn]",
+)
 LOGGER_FILES = ("loggers", "reports", "config", "smoke", "lint", "memory", "sweep")
 LOGGER_TESTS = [["-m", "not slow", *(f"tests/test_{name}.py" for name in LOGGER_FILES)]]
 SELECTIONS = {
@@ -163,7 +170,7 @@ SELECTIONS = {
 } | {
     "loggers=wandb+tensorboard+csv": [[]],
     "task=regression,loggers=tensorboard+csv": [
-        [*(f"tests/test_{name}.py" for name in TASK_FILES)],
+        [*(f"tests/test_{name}.py" for name in TASK_FILES), *(f"--deselect=tests/{test}" for test in ONCE)],
         ["-m", "not slow", "tests/test_images.py"],
     ],
 }
