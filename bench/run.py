@@ -10,12 +10,14 @@ the end of the first optimizer step to the end of the last one, validation exclu
 from the process start to the end of the first optimizer step, and from the end of ``import
 lightning`` in the same process (``sitecustomize.py``) to it. Prints medians, then, as the last
 line, ``overhead_ratio=<lightning/hand>`` of steady-state time per step on the default config.
+The ``images`` case runs ``images.py`` on the same project: the image data module's loader alone
+and feeding the CNN's training step, on JPEG photos at 224 and the digits at 16.
 
 All sides run torch on ``--threads`` threads (default 1): on a machine that other processes
 also use, two threads that wait on each other at every operation make the time of a step swing
 tenfold and more with the load (measured here), which would drown the difference being measured.
 
-    python bench/run.py [--reps 5] [--configs default,no_logger,small_batch,compile,wide] [--threads 1]
+    python bench/run.py [--reps 5] [--configs default,no_logger,small_batch,compile,wide,images] [--threads 1]
         [--template GIT_REF] [--keep DIR]
 """
 
@@ -60,6 +62,8 @@ CONFIGS = {
         [1024, 1024],
     ),
 }
+# Not a training configuration: images.py, the image loader's throughput and the step's waits.
+IMAGES = "images"
 
 
 def generate(directory: Path, ref: str) -> Path:
@@ -141,8 +145,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--reps", type=int, default=5, help="runs of each side per configuration")
+    choices = [*CONFIGS, IMAGES]
     parser.add_argument(
-        "--configs", default=",".join(CONFIGS), help="comma-separated, from: " + ", ".join(CONFIGS)
+        "--configs", default=",".join(choices), help="comma-separated, from: " + ", ".join(choices)
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each run (OMP_NUM_THREADS)")
     parser.add_argument("--template", default="HEAD", help="the template's git ref (HEAD: the working tree)")
@@ -150,8 +155,8 @@ def main() -> None:
     args = parser.parse_args()
     names = args.configs.split(",")
     for name in names:
-        if name not in CONFIGS:
-            parser.error(f"unknown configuration {name!r}; choose from {', '.join(CONFIGS)}")
+        if name not in choices:
+            parser.error(f"unknown configuration {name!r}; choose from {', '.join(choices)}")
 
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="bench-"))
     if args.keep and workdir.exists():
@@ -174,7 +179,7 @@ def main() -> None:
     )
 
     rows = {}
-    for name in names:
+    for name in (name for name in names if name in CONFIGS):
         extra, batch_size, max_epochs, compiled, reps, hidden_sizes = CONFIGS[name]
         reps = reps or args.reps
         init = workdir / f"{name}-init.pt"
@@ -227,34 +232,52 @@ def main() -> None:
                 )
         rows[name] = results
 
-    print()
-    print(
-        "ms/step: steady-state training time per step, epoch ends included, validation excluded;\n"
-        "step ms: one step inside an epoch; epoch end ms: from an epoch's last step to the end of the\n"
-        "next one's first, validation excluded (checkpoints, epoch metrics, loggers, a step).\n"
-    )
-    print(
-        f"{'configuration':14s} {'side':10s} {'ms/step':>9s} {'step ms':>8s} {'epoch end ms':>12s} "
-        f"{'train s':>8s} {'start-up s':>10s} {'after import s':>14s} {'val epoch ms':>12s} "
-        f"{'peak RSS MB':>11s} {'val/acc':>8s} "
-        f"{'runs':>5s}"
-    )
-    for name, results in rows.items():
-        for side, runs in results.items():
-            print(
-                f"{name:14s} {side:10s} {median(r['step_ms'] for r in runs):9.3f} "
-                f"{median(r['interval_ms'] for r in runs):8.3f} "
-                f"{median(r['boundary_ms'] for r in runs):12.2f} "
-                f"{median(r['train_s'] for r in runs):8.2f} {median(r['startup_s'] for r in runs):10.2f} "
-                f"{median(r['after_import_s'] for r in runs):14.2f} "
-                f"{1000 * median(t for r in runs for t in r['val_epoch_s']):12.2f} "
-                f"{median(r['peak_rss_mb'] for r in runs):11.0f} {median(r['val_acc'] for r in runs):8.4f} "
-                f"{len(runs):5d}"
-            )
-    print("\ndata loading, one process (bench/loader.py):", flush=True)
-    subprocess.run(
-        [sys.executable, str(BENCH / "loader.py"), f"--package={PACKAGE}"], cwd=project, env=env, check=True
-    )
+    if rows:
+        print()
+        print(
+            "ms/step: steady-state training time per step, epoch ends included, validation excluded;\n"
+            "step ms: one step inside an epoch; epoch end ms: from an epoch's last step to the end of the\n"
+            "next one's first, validation excluded (checkpoints, epoch metrics, loggers, a step).\n"
+        )
+        print(
+            f"{'configuration':14s} {'side':10s} {'ms/step':>9s} {'step ms':>8s} {'epoch end ms':>12s} "
+            f"{'train s':>8s} {'start-up s':>10s} {'after import s':>14s} {'val epoch ms':>12s} "
+            f"{'peak RSS MB':>11s} {'val/acc':>8s} "
+            f"{'runs':>5s}"
+        )
+        for name, results in rows.items():
+            for side, runs in results.items():
+                print(
+                    f"{name:14s} {side:10s} {median(r['step_ms'] for r in runs):9.3f} "
+                    f"{median(r['interval_ms'] for r in runs):8.3f} "
+                    f"{median(r['boundary_ms'] for r in runs):12.2f} "
+                    f"{median(r['train_s'] for r in runs):8.2f} {median(r['startup_s'] for r in runs):10.2f} "
+                    f"{median(r['after_import_s'] for r in runs):14.2f} "
+                    f"{1000 * median(t for r in runs for t in r['val_epoch_s']):12.2f} "
+                    f"{median(r['peak_rss_mb'] for r in runs):11.0f} "
+                    f"{median(r['val_acc'] for r in runs):8.4f} {len(runs):5d}"
+                )
+        print("\ndata loading, one process (bench/loader.py):", flush=True)
+        subprocess.run(
+            [sys.executable, str(BENCH / "loader.py"), f"--package={PACKAGE}"],
+            cwd=project,
+            env=env,
+            check=True,
+        )
+    if IMAGES in names:
+        print("\nimage loading and the CNN's step (bench/images.py):", flush=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(BENCH / "images.py"),
+                f"--project={project}",
+                f"--package={PACKAGE}",
+                f"--threads={args.threads}",
+            ],
+            cwd=project,
+            env=env,
+            check=True,
+        )
     ratios = {}
     for name, results in rows.items():
         step_ms = {side: median(r["step_ms"] for r in runs) for side, runs in results.items()}
