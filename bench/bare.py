@@ -100,7 +100,7 @@ def main() -> None:
     torch.manual_seed(42)
     data = importlib.import_module(f"{args.package}.data").DigitsDataModule(batch_size=args.batch_size)
     network = importlib.import_module(f"{args.package}.models").MLP(
-        hidden_sizes=[int(size) for size in args.hidden_sizes.split(",")]
+        in_features=64, num_classes=10, hidden_sizes=[int(size) for size in args.hidden_sizes.split(",")]
     )
     network.load_state_dict(torch.load(args.init, weights_only=True))
     if args.compile:

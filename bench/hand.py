@@ -71,7 +71,7 @@ def main() -> None:
     x_train, y_train = data.splits["train"].tensors
     x_val, y_val = data.splits["val"].tensors
     network = importlib.import_module(f"{args.package}.models").MLP(
-        hidden_sizes=[int(size) for size in args.hidden_sizes.split(",")]
+        in_features=64, num_classes=10, hidden_sizes=[int(size) for size in args.hidden_sizes.split(",")]
     )
     network.load_state_dict(torch.load(args.init, weights_only=True))
     model = torch.compile(network) if args.compile else network
