@@ -10,7 +10,7 @@ area, left-right flip), and the digits at 16 with ``configs/data/images.yaml``'s
 - the training loader alone: images per second with ``num_workers`` 0, 1 and 2 (persistent
   workers, as the module makes them), over the epochs after a first one that starts the workers;
 - the loader feeding a training step, with the module's default number of workers (and with none,
-  for the digits): the project's ``CNN`` with cross-entropy, AdamW and gradient clipping by norm,
+  for the digits): the project's ``ConvNet`` with cross-entropy, AdamW and gradient clipping by norm,
   as ``Classifier`` trains it by default. Time in ``next(iterator)`` is waiting for data, time in
   the step is computing; the first steps, which start the workers, are left out.
 
@@ -150,7 +150,7 @@ def main() -> None:
         args.project = generate(workdir, args.template)
     sys.path.insert(0, str(args.project / "src"))
     data_package = importlib.import_module(f"{args.package}.data")
-    network_class = importlib.import_module(f"{args.package}.models").CNN
+    network_class = importlib.import_module(f"{args.package}.models.convnet").ConvNet
     default_workers = data_package.images.default_workers(1)
 
     args.images.mkdir(parents=True, exist_ok=True)

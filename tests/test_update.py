@@ -108,7 +108,7 @@ MLP = f"src/{PACKAGE}/models/mlp.py"
 USER_OWNED = [
     "README.md",
     MLP,
-    f"src/{PACKAGE}/models/cnn.py",
+    f"src/{PACKAGE}/models/convnet.py",
     f"src/{PACKAGE}/data/digits.py",
     f"src/{PACKAGE}/data/diabetes.py",
     "configs/experiment/*.yaml",
@@ -149,7 +149,7 @@ NOTES = "\nOur lab trains on the digits first, then on the slide scans.\n"
 # network and model config (written by the update, since the project has none).
 IMAGE_PIPELINE = [
     f"src/{PACKAGE}/data/images.py",
-    f"src/{PACKAGE}/models/cnn.py",
+    f"src/{PACKAGE}/models/convnet.py",
     "configs/data/images.yaml",
     "configs/model/cnn.yaml",
     "scripts/digits_to_images.py",
@@ -243,7 +243,7 @@ def test_update_keeps_every_user_edit_and_leaves_no_conflict(updated):
     assert_clean_merge(project)
     for name, content in expected.items():
         assert content in (project / name).read_text(), name
-    # The user's own models/cnn.py is kept; the rest of the image pipeline is added.
+    # The image pipeline is added beside the user's own models/cnn.py, which is kept.
     assert [name for name in IMAGE_PIPELINE if not (project / name).is_file()] == []
 
 

@@ -334,8 +334,8 @@ class CLI(LightningCLI):
         if "num_classes" in model:
             _set_size(model, "model.init_args.num_classes", sizes["num_classes"], "classes")
             sizes["num_classes"] = model.num_classes
-        if data.task == "regression":
-            sizes["num_outputs"] = 1
+        # A network with num_outputs (a regression project's MLP) gives one per class on classes.
+        sizes["num_outputs"] = 1 if data.task == "regression" else sizes["num_classes"]
         network = model.get("network")
         if isinstance(network, Namespace) and isinstance(network.get("init_args"), Namespace):
             # A size left at the network's own default counts as unset (an MLP written before the
@@ -345,8 +345,9 @@ class CLI(LightningCLI):
                 if key in network.init_args and value is not None:
                     if key in parameters and network.init_args[key] == parameters[key].default:
                         network.init_args[key] = None
-                    key_path = f"model.init_args.network.init_args.{key}"
-                    _set_size(network.init_args, key_path, value, SIZE_NAMES[key])
+                    on_classes = key == "num_outputs" and data.task != "regression"
+                    what = "classes" if on_classes else SIZE_NAMES[key]
+                    _set_size(network.init_args, f"model.init_args.network.init_args.{key}", value, what)
 
     def _check_precision(self, trainer: Namespace) -> None:
         """Refuse a precision the device cannot run, which Lightning would silently replace."""

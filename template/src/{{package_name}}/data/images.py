@@ -22,8 +22,7 @@ from sklearn.model_selection import train_test_split
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
-from torchvision.datasets.folder import find_classes, make_dataset
-from torchvision.io import ImageReadMode, decode_image
+from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset, pil_loader
 from torchvision.transforms import v2
 
 from ..errors import ConfigError
@@ -31,8 +30,6 @@ from .base import EpochSampler
 from .preprocessing import Preprocessing
 
 SPLITS = ("train", "val", "test")
-# The formats torchvision decodes into one image; files with other extensions are ignored.
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
 # Evaluation resizes the shorter side to the crop size over this ratio, then crops the centre.
 CENTRE_CROP_RATIO = 0.875
 
@@ -47,14 +44,21 @@ class UnreadableImageError(ConfigError):
 
 
 def read_image(path: str) -> Tensor:
-    """An image file as a 3 x H x W uint8 tensor: grey and RGBA images are converted to RGB."""
+    """An image file as a 3 x H x W uint8 tensor, read as torchvision's ``ImageFolder`` reads it
+    (with Pillow): grey and RGBA images are converted to RGB."""
     try:
-        return decode_image(path, mode=ImageReadMode.RGB)
-    except (RuntimeError, OSError) as error:
-        # torchvision's messages start with the C++ function and source line: keep the reason.
+        return v2.functional.pil_to_tensor(pil_loader(path))
+    except (OSError, SyntaxError, ValueError) as error:  # Pillow's errors for a corrupt file
         first_line = (str(error) or type(error).__name__).splitlines()[0]
-        reason = re.sub(r"^\S+, \S+:\d+, ", "", first_line).split(". ")[0]
+        reason = re.sub(r" <_io\.\w+ name=.*>$", "", first_line)  # Pillow names the file object
         raise UnreadableImageError(f"{path} is not a readable image ({reason})") from None
+
+
+def is_image(path: str, root: Path) -> bool:
+    """A file of an image's extension, in no hidden folder (``.ipynb_checkpoints``) and not
+    hidden itself (macOS's ``._*`` files)."""
+    relative = Path(path).relative_to(root)
+    return path.lower().endswith(IMG_EXTENSIONS) and not any(part.startswith(".") for part in relative.parts)
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
@@ -188,7 +192,8 @@ class ImageFolderDataModule(LightningDataModule):
             classes, samples = self._class_folders(root)
             found = self._split([path for path, _ in samples], [label for _, label in samples])
         if self.hparams.skip_unreadable:
-            unreadable = _unreadable(tuple(sorted(path for files, _ in found.values() for path in files)))
+            paths = sorted(path for files, _ in found.values() for path in files)
+            unreadable = _unreadable(tuple((path, os.path.abspath(path), *_version(path)) for path in paths))
             found = {split: _without(files, labels, unreadable) for split, (files, labels) in found.items()}
         for split, (files, labels) in found.items():
             size = self._subset_size(len(files))
@@ -199,18 +204,20 @@ class ImageFolderDataModule(LightningDataModule):
 
     def _class_folders(self, root: Path) -> tuple[list[str], list[tuple[str, int]]]:
         """The class names and every image under ``root``, refusing a class folder without one."""
-        try:
-            classes, class_to_index = find_classes(str(root))
-        except FileNotFoundError:
+        classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and entry.name[0] != ".")
+        if not classes:
             raise ConfigError(
                 f"{root} has no class folders: put each class's images in a folder named after it"
-            ) from None
-        samples = make_dataset(str(root), class_to_index, extensions=IMAGE_EXTENSIONS, allow_empty=True)
+            )
+        class_to_index = {name: index for index, name in enumerate(classes)}
+        samples = make_dataset(
+            str(root), class_to_index, is_valid_file=lambda path: is_image(path, root), allow_empty=True
+        )
         counts = np.bincount([label for _, label in samples], minlength=len(classes))
         if (counts == 0).any():
             empty = [classes[i] for i in np.flatnonzero(counts == 0)]
             raise ConfigError(
-                f"{root}: the class folders {empty} hold no images ({', '.join(IMAGE_EXTENSIONS)}); "
+                f"{root}: the class folders {empty} hold no images ({', '.join(IMG_EXTENSIONS)}); "
                 "add images or remove the folders"
             )
         return classes, samples
@@ -336,16 +343,23 @@ def _without(files: list[str], labels: list[int], left_out: frozenset[str]) -> t
     return [files[i] for i in kept], [labels[i] for i in kept]
 
 
+def _version(path: str) -> tuple[int, int]:
+    status = os.stat(path)
+    return status.st_mtime_ns, status.st_size
+
+
 @cache
-def _unreadable(paths: tuple[str, ...]) -> frozenset[str]:
-    """The images among ``paths`` that cannot be decoded, said once per set of files (the
-    command line reads the data for its sizes before training reads it again)."""
+def _unreadable(files: tuple[tuple[str, str, int, int], ...]) -> frozenset[str]:
+    """The images among ``files`` (path, absolute path, modification time, size) that cannot be
+    decoded, said once per set of files (the command line reads the data for its sizes before
+    training reads it again)."""
     unreadable = set()
-    for path in paths:
+    for path, *_ in files:
         try:
             read_image(path)
         except UnreadableImageError:
             unreadable.add(path)
     if unreadable:
-        rank_zero_info(f"Skipping {len(unreadable)} unreadable images, e.g. {min(unreadable)}")
+        count = f"{len(unreadable)} unreadable image{'s' if len(unreadable) > 1 else ''}"
+        rank_zero_info(f"Skipping {count}, e.g. {min(unreadable)}")
     return frozenset(unreadable)

@@ -2,8 +2,7 @@
 
 from .base import SupervisedModule
 from .classifier import Classifier
-from .cnn import CNN
 from .mlp import MLP
 from .regressor import Regressor
 
-__all__ = ["CNN", "MLP", "Classifier", "Regressor", "SupervisedModule"]
+__all__ = ["MLP", "Classifier", "Regressor", "SupervisedModule"]

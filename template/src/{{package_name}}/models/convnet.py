@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 
 
-class CNN(nn.Module):
+class ConvNet(nn.Module):
     """Stages of two 3x3 convolutions with batch norm and ReLU, each stage but the last followed
     by 2x2 max pooling; then global average pooling, dropout and a linear layer. Any image size
     works. The command line sets ``num_classes`` from the data unless given.
