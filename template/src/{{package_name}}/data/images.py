@@ -26,7 +26,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset, pil_loader
 from torchvision.transforms import v2
 
 from ..errors import ConfigError
-from .base import EpochSampler
+from .base import EpochSampler, check_subset, subset_size
 from .preprocessing import Preprocessing
 
 SPLITS = ("train", "val", "test")
@@ -151,6 +151,7 @@ class ImageFolderDataModule(LightningDataModule):
         skip_unreadable: bool = False,
     ) -> None:
         super().__init__()
+        check_subset(subset)
         if crop_scale is not None and not 0 < crop_scale[0] <= crop_scale[1] <= 1:
             raise ValueError(f"data.crop_scale must be two fractions, low to high, got {list(crop_scale)}")
         if not 0 <= color_jitter < 1:
@@ -196,7 +197,7 @@ class ImageFolderDataModule(LightningDataModule):
             unreadable = _unreadable(tuple((path, os.path.abspath(path), *_version(path)) for path in paths))
             found = {split: _without(files, labels, unreadable) for split, (files, labels) in found.items()}
         for split, (files, labels) in found.items():
-            size = self._subset_size(len(files))
+            size = subset_size(self.hparams.subset, len(files))
             self.files[split], self.labels[split] = files[:size], labels[:size]
         self.preprocessing = Preprocessing()
         self.preprocessing.classes = classes
@@ -261,12 +262,6 @@ class ImageFolderDataModule(LightningDataModule):
             split: ([files[i] for i in rows], [labels[i] for i in rows])
             for split, rows in zip(SPLITS, (train, val, test), strict=True)
         }
-
-    def _subset_size(self, size: int) -> int:
-        subset = self.hparams.subset
-        if subset is None:
-            return size
-        return max(1, int(np.ceil(subset * size))) if subset < 1 else min(int(subset), size)
 
     def setup(self, stage: str) -> None:
         self.prepare()
