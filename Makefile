@@ -1,5 +1,5 @@
 # make demo: set up, generate a demo project and train it, printing the result.
-# make test: set up and run the template's test suite.
+# make test: set up and run the template's test suite, in $(WORKERS) processes (pytest-xdist).
 # make bench: set up, then time the generated project's training against a hand-written loop.
 # make docs: build the documentation site into site/ (any warning fails).
 # make tags: tag each release commit that CHANGELOG.md names as vX.Y.Z (annotated), for Copier;
@@ -10,6 +10,8 @@ BIN := $(VENV)/bin
 # torch and torchvision, installed together before everything else so that nothing pulls in
 # another build of torch: a torchvision only works beside the torch build it was made for.
 TORCH ?= torch==2.14.1 torchvision==0.29.1
+# Test processes: a generated project's training uses about one core, so two fill this machine's two.
+WORKERS ?= 2
 
 .PHONY: setup test test-fast demo docs bench lint tags clean
 
@@ -22,10 +24,10 @@ $(VENV)/.installed: requirements-dev.txt
 	touch $@
 
 test: setup
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-fast: setup
-	$(BIN)/python -m pytest tests -m "not slow"
+	$(BIN)/python -m pytest tests -m "not slow" -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 demo: setup
 	rm -rf demo

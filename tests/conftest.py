@@ -1,10 +1,12 @@
 """Copies of the template, generated once per answer set and shared by the tests that inspect them.
 
-Every generated project is installed (without dependencies) into the one environment that runs
-these tests, which already holds every package a project can depend on.
+One environment runs these tests and every generated project: it already holds every package a
+project can depend on. A project's own code is found through PYTHONPATH (see run_python), so that
+copies of projects with the same package name can run at once, in pytest-xdist's workers.
 """
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -80,31 +82,38 @@ _installed: tuple[Path, bytes] | None = None  # the project installed last, and 
 
 
 def install(project: Path) -> None:
-    """Install a generated project, without dependencies, into the environment running the tests.
+    """Install a generated project, without dependencies, into the environment running the tests:
+    ``pip install -e .`` as its README says, and for what runs outside run_python (a Slurm job).
 
-    Skipped when it is the project this test run installed last, with the same pyproject.toml
-    (an editable install serves the project's current code); a pip install takes seconds.
+    Skipped when it is the project this process installed last, with the same pyproject.toml
+    (an editable install serves the project's current code); a pip install takes seconds. One pip
+    at a time changes the environment, whichever xdist worker asks.
     """
     global _installed
     installing = (project.resolve(), (project / "pyproject.toml").read_bytes())
     if installing == _installed:
         return
     _installed = None  # until pip has succeeded
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(project)],
-        check=True,
-        timeout=600,
-    )
+    with open(Path(sys.prefix) / ".tests-install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(project)],
+            check=True,
+            timeout=600,
+        )
     _installed = installing
 
 
 def run_python(project: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     """Run this environment's Python in a generated project's directory, outside this pytest run.
 
-    After ``timeout`` seconds the process and every process it started (DDP workers, data loader
-    workers) are killed and ``subprocess.TimeoutExpired`` is raised: a hang fails the test.
+    The project's ``src`` comes first on PYTHONPATH, so its package is this copy's code whatever
+    else is installed under the same name. After ``timeout`` seconds the process and every process
+    it started (DDP workers, data loader workers) are killed and ``subprocess.TimeoutExpired`` is
+    raised: a hang fails the test.
     """
     env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(project.resolve() / "src"), env.get("PYTHONPATH")]))
     env["WANDB_SILENT"] = "true"
     with subprocess.Popen(
         [sys.executable, *args],
@@ -123,3 +132,23 @@ def run_python(project: Path, *args: str, timeout: float = 1800) -> subprocess.C
             process.wait()
             raise
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+# `make test` runs these tests in two pytest-xdist workers (`-n 2 --dist loadgroup`). A module's
+# tests run in one worker, where its fixtures are made once (a Slurm cluster, trained projects, a
+# built site); test_generated.py's tests, each a generated project's suite or part of it, are
+# shared out one by one. The slow work goes first, longest first, so both workers end together.
+SLOW_FIRST = ("test_update.py", "test_generated.py", "test_faults.py", "test_slurm.py")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name != "test_generated.py" and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+    def rank(item: pytest.Item) -> tuple[bool, int]:
+        name = item.path.name
+        return (item.get_closest_marker("slow") is None, (*SLOW_FIRST, name).index(name))
+
+    items.sort(key=rank)

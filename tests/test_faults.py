@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import copy_template, install, run_python
+from conftest import copy_template, run_python
 
 SEED = int(os.environ.get("FAULTS_SEED", "1729"))
 KILLS = 20
@@ -178,8 +178,7 @@ def _best(run_dir: Path) -> list[str]:
 @pytest.mark.slow
 def test_a_run_killed_at_random_points_ends_as_one_never_killed(tmp_path, monkeypatch):
     project = copy_template(tmp_path / PACKAGE)
-    install(project)
-    monkeypatch.syspath_prepend(str(project / "src"))  # installed after this interpreter started
+    monkeypatch.syspath_prepend(str(project / "src"))  # as run_python gives it to the project's processes
     read_checkpoint = importlib.import_module(f"{PACKAGE}.utils").read_checkpoint
     (project / "chaos.py").write_text(CHAOS)
     (project / "events").mkdir()

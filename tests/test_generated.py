@@ -141,19 +141,27 @@ def test_declared_dependencies_are_met_by_this_environment(generated, key):
         assert requirement.specifier.contains(version, prereleases=True), f"{requirement} vs {version}"
 
 
-# Which of a generated project's tests run, by answer set (each selection is one pytest command):
+# Which of a generated project's tests run, by answer set (each part is one test here, so that
+# pytest-xdist's workers share them; each selection in a part is one pytest command):
 # - classification with every logger: the whole suite, slow tests (resume, DDP, images, scripts,
-#   sweeps, your own data) and the user's path (the default config, loggers on) included;
+#   sweeps, your own data) and the user's path (the default config, loggers on) included, in four
+#   parts by file; the last part takes every file the others do not name;
 # - regression: every test of the files whose model, metrics, monitored metric, data or reports
 #   differ by task, slow ones included (the user's path with DDP and a mid-epoch resume, exact
 #   resume, sweeps and the record among them), and the fast image tests (the image module
 #   classifies in every project); the machinery both tasks share (DDP signals and hangs, memory,
-#   tooling, exact resume with image workers) runs once, above;
+#   tooling, exact resume with image workers) runs once, in the classification parts;
 # - no logger, each logger alone, TensorBoard with CSV, and regression with wandb: the fast tests
 #   of the files whose code or outcome depends on the loggers chosen.
 # The other logger pairs are generated and checked above, and their loggers run in these.
-TASK_FILES = ("own_data", "refused_inputs", "training", "reports", "config", "data", "errors", "export")
-TASK_FILES += ("scripts", "smoke", "lint", "user_path", "loggers", "resume", "sweep")
+FULL = "loggers=wandb+tensorboard+csv"
+FULL_PARTS = {"ddp+user_path": ("ddp", "user_path"), "images+training": ("images", "training")}
+FULL_PARTS |= {"own_data+resume+sweep+scripts": ("own_data", "resume", "sweep", "scripts")}
+TASK_PARTS = {
+    "user_path+resume+sweep+scripts": ("user_path", "resume", "sweep", "scripts"),
+    "files": ("own_data", "refused_inputs", "training", "reports", "config", "data", "errors", "export"),
+}
+TASK_PARTS["files"] += ("smoke", "lint", "loggers")
 # Tests of those files whose subject is the same in both tasks: torch.compile, and DDP launched
 # by Lightning's other two launchers (the ddp_cpu.yaml preset runs in both).
 ONCE = (
@@ -162,26 +170,37 @@ ONCE = (
     "test_user_path.py::test_ddp_on_two_cpu_processes[ddp_spawn]",
 )
 LOGGER_FILES = ("loggers", "reports", "config", "smoke", "lint", "memory", "sweep")
-LOGGER_TESTS = [["-m", "not slow", *(f"tests/test_{name}.py" for name in LOGGER_FILES)]]
-SELECTIONS = {
-    key: LOGGER_TESTS
-    for key in KEYS
-    if key.partition("loggers=")[2] in ("none", "wandb", "tensorboard", "csv", "tensorboard+csv")
-} | {
-    "loggers=wandb+tensorboard+csv": [[]],
-    "task=regression,loggers=tensorboard+csv": [
-        [*(f"tests/test_{name}.py" for name in TASK_FILES), *(f"--deselect=tests/{test}" for test in ONCE)],
-        ["-m", "not slow", "tests/test_images.py"],
-    ],
+
+
+def _files(*names: str) -> list[str]:
+    return [f"tests/test_{name}.py" for name in names]
+
+
+PARTS: dict[tuple[str, str], list[list[str]]] = {
+    (FULL, name): [_files(*names)] for name, names in FULL_PARTS.items()
 }
+PARTS[FULL, "the rest"] = [[f"--ignore={path}" for names in FULL_PARTS.values() for path in _files(*names)]]
+REGRESSION = "task=regression,loggers=tensorboard+csv"
+for name, names in TASK_PARTS.items():
+    PARTS[REGRESSION, name] = [[*_files(*names), *(f"--deselect=tests/{test}" for test in ONCE)]]
+PARTS[REGRESSION, "files"].append(["-m", "not slow", *_files("images")])
+for key in KEYS:
+    if key != REGRESSION and key.partition("loggers=")[2] in (
+        "none",
+        "wandb",
+        "tensorboard",
+        "csv",
+        "tensorboard+csv",
+    ):
+        PARTS[key, "logger files"] = [["-m", "not slow", *_files(*LOGGER_FILES)]]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", list(SELECTIONS))
-def test_generated_project_tests_pass(generated, key):
+@pytest.mark.parametrize(("key", "part"), list(PARTS), ids=[f"{key}:{part}" for key, part in PARTS])
+def test_generated_project_tests_pass(generated, key, part):
     project = generated(key)
     install(project)
-    for selection in SELECTIONS[key]:
+    for selection in PARTS[key, part]:
         result = run_python(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection)
         assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
         assert re.search(r"\d+ passed", result.stdout)

@@ -23,7 +23,7 @@ import copier
 import pytest
 import torch
 import yaml
-from conftest import ROOT, install, run_python
+from conftest import ROOT, run_python
 from copier.errors import UnsafeTemplateError
 
 # Identity for the commits these tests make in generated projects (and Copier's own).
@@ -294,12 +294,12 @@ def test_updating_twice_changes_nothing_the_second_time(updated):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("update-suite")  # needs none of the module's trained projects
 def test_updated_project_passes_its_tests_and_trains_the_user_model(template_repo, tmp_path):
     # An update from each release gives the same files (see above): the suite runs on one.
     project = copy_at(template_repo, RELEASED[-1][0], tmp_path / "upgraded")
     edit_like_a_user(project)
     update(project, unsafe=True)
-    install(project)
     result = run_python(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow")
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
     smoke = project / "configs" / "debug" / "smoke.yaml"
@@ -332,7 +332,6 @@ class OldRun(NamedTuple):
 
 def project_cli(project: Path, *args: str) -> subprocess.CompletedProcess:
     """``python -m upgraded ARGS`` in the project's directory; it must succeed."""
-    install(project)
     result = run_python(project, "-m", PACKAGE, *args, timeout=COMMAND_TIMEOUT)
     assert result.returncode == 0, f"{args}:\n{result.stdout[-2000:]}\n{result.stderr[-5000:]}"
     return result
