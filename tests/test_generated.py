@@ -151,48 +151,49 @@ def test_declared_dependencies_are_met_by_this_environment(generated, key):
 #   resume, sweeps and the record among them), and the fast image tests (the image module
 #   classifies in every project); the machinery both tasks share (DDP signals and hangs, memory,
 #   tooling, exact resume with image workers) runs once, in the classification parts;
-# - no logger, each logger alone, TensorBoard with CSV, and regression with wandb: the fast tests
-#   of the files whose code or outcome depends on the loggers chosen.
+# - no logger, each logger alone, and regression with wandb: the fast tests of the files whose
+#   code or outcome depends on the loggers chosen (TensorBoard with CSV runs them in regression).
 # The other logger pairs are generated and checked above, and their loggers run in these.
 FULL = "loggers=wandb+tensorboard+csv"
 FULL_PARTS = {"ddp+user_path": ("ddp", "user_path"), "images+training": ("images", "training")}
 FULL_PARTS |= {"own_data+resume+sweep+scripts": ("own_data", "resume", "sweep", "scripts")}
 TASK_PARTS = {
-    "user_path+resume+sweep+scripts": ("user_path", "resume", "sweep", "scripts"),
-    "files": ("own_data", "refused_inputs", "training", "reports", "config", "data", "errors", "export"),
+    "user_path+resume+sweep+scripts+own_data": ("user_path", "resume", "sweep", "scripts", "own_data"),
+    "files": ("refused_inputs", "training", "reports", "config", "data", "errors", "export"),
 }
 TASK_PARTS["files"] += ("smoke", "lint", "loggers")
-# Tests of those files whose subject is the same in both tasks: torch.compile, and DDP launched
-# by Lightning's other two launchers (the ddp_cpu.yaml preset runs in both).
+# Tests of those files whose subject is the same in both tasks: torch.compile, DDP launched by
+# Lightning's other two launchers (the ddp_cpu.yaml preset runs in both), and the signals and save
+# points of a resume other than a SIGKILL mid-epoch (which runs in both, on the user's path and not).
 ONCE = (
     "test_training.py::test_compiled_network_trains_and_saves_plain_weight_names",
     "test_user_path.py::test_ddp_on_two_cpu_processes[ddp]",
     "test_user_path.py::test_ddp_on_two_cpu_processes[ddp_spawn]",
+    "test_user_path.py::test_a_run_interrupted_mid_epoch_resumes_to_the_same_weights[SIGTERM-0-19-19]",
+    "test_user_path.py::test_a_run_interrupted_mid_epoch_resumes_to_the_same_weights[SIGINT-0-11-11]",
+    "test_resume.py::test_a_resumed_run_ends_with_the_same_weights[killed-after-an-epoch-0-13-SIGKILL]",
+    "test_resume.py::test_a_resumed_run_ends_with_the_same_weights[preempted-mid-epoch-0-11-SIGTERM]",
 )
 LOGGER_FILES = ("loggers", "reports", "config", "smoke", "lint", "memory", "sweep")
 
 
-def _files(*names: str) -> list[str]:
+def _test_files(*names: str) -> list[str]:
     return [f"tests/test_{name}.py" for name in names]
 
 
 PARTS: dict[tuple[str, str], list[list[str]]] = {
-    (FULL, name): [_files(*names)] for name, names in FULL_PARTS.items()
+    (FULL, name): [_test_files(*names)] for name, names in FULL_PARTS.items()
 }
-PARTS[FULL, "the rest"] = [[f"--ignore={path}" for names in FULL_PARTS.values() for path in _files(*names)]]
+PARTS[FULL, "the rest"] = [
+    [f"--ignore={path}" for names in FULL_PARTS.values() for path in _test_files(*names)]
+]
 REGRESSION = "task=regression,loggers=tensorboard+csv"
 for name, names in TASK_PARTS.items():
-    PARTS[REGRESSION, name] = [[*_files(*names), *(f"--deselect=tests/{test}" for test in ONCE)]]
-PARTS[REGRESSION, "files"].append(["-m", "not slow", *_files("images")])
+    PARTS[REGRESSION, name] = [[*_test_files(*names), *(f"--deselect=tests/{test}" for test in ONCE)]]
+PARTS[REGRESSION, "files"].append(["-m", "not slow", *_test_files("images")])
 for key in KEYS:
-    if key != REGRESSION and key.partition("loggers=")[2] in (
-        "none",
-        "wandb",
-        "tensorboard",
-        "csv",
-        "tensorboard+csv",
-    ):
-        PARTS[key, "logger files"] = [["-m", "not slow", *_files(*LOGGER_FILES)]]
+    if key != REGRESSION and key.partition("loggers=")[2] in ("none", "wandb", "tensorboard", "csv"):
+        PARTS[key, "logger files"] = [["-m", "not slow", *_test_files(*LOGGER_FILES)]]
 
 
 @pytest.mark.slow
