@@ -293,14 +293,23 @@ def test_updating_twice_changes_nothing_the_second_time(updated):
     assert git(project, "status", "--porcelain") == ""
 
 
+# The generated test files that build and train the project's networks (the MLP the user edited,
+# the image CNN beside the user's own cnn.py), export them and lint the project.
+USER_MODEL_TEST_FILES = ("smoke", "training", "config", "images", "export", "lint")
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("update-suite")  # needs none of the module's trained projects
 def test_updated_project_passes_its_tests_and_trains_the_user_model(template_repo, tmp_path):
-    # An update from each release gives the same files (see above): the suite runs on one.
+    # An update from each release gives the same files (see above), and those equal a fresh copy's
+    # but for the user's edits, whose own suite test_generated.py runs: here the fast tests that
+    # build, train, evaluate, export and lint the user's networks, on one update.
     project = copy_at(template_repo, RELEASED[-1][0], tmp_path / "upgraded")
     edit_like_a_user(project)
     update(project, unsafe=True)
-    result = run_python(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow")
+    user_model_tests = [f"tests/test_{name}.py" for name in USER_MODEL_TEST_FILES]
+    pytest_args = ["-q", "-p", "no:cacheprovider", "-m", "not slow", *user_model_tests]
+    result = run_python(project, "-m", "pytest", *pytest_args)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
     smoke = project / "configs" / "debug" / "smoke.yaml"
     fit = run_python(
