@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 from clock import BenchClock
-from hand import arguments
+from hand import arguments, data_module
 from lightning.pytorch import LightningModule, Trainer
 from torch.nn import functional
 from torch.optim import AdamW
@@ -98,7 +98,7 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.manual_seed(42)
-    data = importlib.import_module(f"{args.package}.data").DigitsDataModule(batch_size=args.batch_size)
+    data = data_module(args)
     network = importlib.import_module(f"{args.package}.models").MLP(
         in_features=64, num_classes=10, hidden_sizes=[int(size) for size in args.hidden_sizes.split(",")]
     )

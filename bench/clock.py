@@ -1,12 +1,14 @@
 """A callback that times a Lightning run from inside its process, for the benchmark.
 
 It writes, as JSON: the wall-clock time of the first optimizer step (to measure start-up from
-the process start), the steady-state training time from the end of the first optimizer step to
-the end of the last one with validation subtracted, split into the intervals between two steps
-of an epoch and the boundaries between epochs (end of one epoch's last step to the end of the
-next one's first, validation subtracted), the time of every validation epoch, the step count
-and the process's peak RSS. With
-``BENCH_INIT`` set it also saves the network's initial weights there, for the hand loop.
+the process start), the whole fit's time (from the callbacks' ``setup`` to their ``teardown``:
+sanity check, every epoch with its validation, checkpoints and loggers), the steady-state
+training time from the end of the first optimizer step to the end of the last one with
+validation subtracted, split into the intervals between two steps of an epoch and the
+boundaries between epochs (end of one epoch's last step to the end of the next one's first,
+validation subtracted), the time of every validation epoch, the step count and the process's
+peak RSS. With ``BENCH_INIT`` set it also saves the network's initial weights there, for the
+hand loop.
 """
 
 import json
@@ -31,6 +33,10 @@ class BenchClock(Callback):
         self.intervals: list[float] = []
         self.boundaries: list[float] = []
         self.steps = 0
+        self.fit_started = 0.0
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        self.fit_started = time.perf_counter()
 
     def on_fit_start(self, trainer, pl_module) -> None:
         init = os.environ.get("BENCH_INIT")
@@ -61,13 +67,16 @@ class BenchClock(Callback):
             self.val_in_span += elapsed
             self.val_pending += elapsed
 
-    def on_fit_end(self, trainer, pl_module) -> None:
+    def teardown(self, trainer, pl_module, stage) -> None:
+        # After every callback's on_fit_end (the record, the loggers' last writes).
+        fit_s = time.perf_counter() - self.fit_started
         # Validation after the last step is outside the span; only the validation between steps counts.
         final_val = self.val_times[-1] if self.val_times and self.val_started > self.last_step else 0.0
         result = {
             "first_step_wall": self.first_step_wall,
             "lightning_imported_wall": float(os.environ.get("BENCH_LIGHTNING_IMPORTED", "nan")),
             "train_s": self.last_step - self.first_step - (self.val_in_span - final_val),
+            "fit_s": fit_s,
             "steps": self.steps,
             "intervals_s": self.intervals,
             "boundaries_s": self.boundaries,

@@ -1,23 +1,38 @@
-"""Benchmark: the generated project's training loop against a hand-written PyTorch loop.
+"""Benchmark: what the generated project's training costs over Lightning itself and over plain PyTorch.
 
-Generates a project from this template (default answers), then, for each configuration,
-runs in turn ``python -m bench_proj fit`` (under a pseudo-terminal, so the progress bar draws
-as it does for a user), ``hand.py``, the same training written by hand, and ``bare.py``, the hand
-loop's work in a Lightning ``Trainer`` with nothing on (the floor of any project built on the
-``Trainer``), several times. Times are measured inside each process (``clock.py`` in the
-Lightning runs): steady-state training from
-the end of the first optimizer step to the end of the last one, validation excluded; start-up
-from the process start to the end of the first optimizer step, and from the end of ``import
-lightning`` in the same process (``sitecustomize.py``) to it. Prints medians, then, as the last
-line, ``overhead_ratio=<lightning/hand>`` of steady-state time per step on the default config.
-The ``images`` case runs ``images.py`` on the same project: the image data module's loader alone
-and feeding the CNN's training step, on JPEG photos at 224 and the digits at 16.
+Generates a project from this template (default answers) and times two workloads, each trained
+by four sides in turn, several rounds, the sides' order rotating from round to round:
+
+- ``project``: ``python -m bench_proj fit`` on the project's default config, under a
+  pseudo-terminal so that the progress bar draws as it does for a user, wandb (offline) on;
+- ``no_logger``: the same with ``--trainer.logger=false``;
+- ``bare``: ``bare.py``, the hand loop's work in a Lightning ``Trainer`` with nothing on (the
+  floor of any project built on the ``Trainer``), on the project's data module;
+- ``hand``: ``hand.py``, the same training written by hand in plain PyTorch.
+
+Workloads: ``default``, the default config (digits, 20 steps an epoch, 30 epochs), where fixed
+costs at each epoch's end weigh most; ``long_epoch``, the default model on 64,000 samples of
+digits' shape (700 steps an epoch, 2 epochs; resampled digits with noise, drawn once from a fixed
+seed), where the cost of each step does. Times are measured inside each process (``clock.py`` in
+the Lightning runs): a step inside an epoch, an epoch's end (from its last step to the end of the
+next one's first, validation excluded), the whole fit (sanity check, epochs, validation,
+checkpoints, loggers), and start-up from the end of ``import lightning`` (``sitecustomize.py``)
+to the end of the first optimizer step, in the same process. Prints the medians with their
+spread, and ends with three lines:
+
+    project_over_bare[default]=X.XX     the project's fit time over the bare Trainer's
+    project_over_bare[long_epoch]=X.XX  (the median of the rounds' ratios)
+    startup_after_import_lightning_s=X.XX  the default config's, logger included (median)
+
+``--configs`` also takes ``small_batch``, ``compile`` and ``wide`` (three sides: project, bare,
+hand), and ``images``, which runs ``images.py`` on the same project: the image data module's
+loader alone and feeding the CNN's training step, on JPEG photos at 224 and the digits at 16.
 
 All sides run torch on ``--threads`` threads (default 1): on a machine that other processes
 also use, two threads that wait on each other at every operation make the time of a step swing
 tenfold and more with the load (measured here), which would drown the difference being measured.
 
-    python bench/run.py [--reps 5] [--configs default,no_logger,small_batch,compile,wide,images] [--threads 1]
+    python bench/run.py [--reps 5] [--configs default,long_epoch] [--threads 1]
         [--template GIT_REF] [--keep DIR]
 """
 
@@ -36,34 +51,69 @@ import termios
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
 
 BENCH = Path(__file__).resolve().parent
 TEMPLATE = BENCH.parent
 PACKAGE = "bench_proj"
 
-# lightning: the project's fit; hand: hand.py, plain PyTorch; bare: bare.py, the hand loop's work
-# in a Lightning Trainer with nothing on (Lightning's own floor); manual: bare.py --manual, the same
-# with manual optimization (default configuration only).
-SIDES = ["lightning", "hand", "bare"]
+# The sides of a workload. project and no_logger are the project's fit; bare is bare.py, the hand
+# loop's work in a Lightning Trainer with nothing on (Lightning's own floor); hand is hand.py.
+SIDES = ["project", "no_logger", "bare", "hand"]
+LONG_EPOCH_SAMPLES = 64_000  # 70% train: 44,800 samples, 700 steps an epoch at batch 64
 
-# name: (extra CLI arguments, batch size, max_epochs, torch.compile, repetitions, hidden sizes)
-CONFIGS = {
-    "default": ([], 64, 30, False, None, None),
-    "no_logger": (["--trainer.logger=false"], 64, 30, False, 3, None),
-    "small_batch": (["--data.init_args.batch_size=16", "--trainer.max_epochs=4"], 16, 4, False, None, None),
-    "compile": (["--model.init_args.compile=true"], 64, 30, True, 3, None),
+
+class Workload(NamedTuple):
+    project_args: list[str]  # added to the project's fit command
+    batch_size: int
+    max_epochs: int
+    sides: list[str]
+    reps: int | None = None  # None: --reps
+    compiled: bool = False
+    hidden_sizes: list[int] | None = None
+    data_file: bool = False  # trains on the long-epoch file instead of digits
+
+
+WORKLOADS = {
+    "default": Workload([], 64, 30, SIDES),
+    "long_epoch": Workload(
+        ["--config=configs/data/file.yaml", "--data.init_args.standardize=false", "--trainer.max_epochs=2"],
+        64,
+        2,
+        SIDES,
+        data_file=True,
+    ),
+    "small_batch": Workload(
+        ["--data.init_args.batch_size=16", "--trainer.max_epochs=4"], 16, 4, ["project", "bare", "hand"]
+    ),
+    "compile": Workload(["--model.init_args.compile=true"], 64, 30, ["project", "bare", "hand"], 3, True),
     # A network with 22 times the default's multiply-adds: the same steps, each doing more work.
-    "wide": (
+    "wide": Workload(
         ["--model.init_args.network.init_args.hidden_sizes=[1024,1024]", "--trainer.max_epochs=10"],
         64,
         10,
-        False,
+        ["project", "bare", "hand"],
         3,
-        [1024, 1024],
+        hidden_sizes=[1024, 1024],
     ),
 }
-# Not a training configuration: images.py, the image loader's throughput and the step's waits.
+DEFAULT_CONFIGS = ["default", "long_epoch"]
+# Not a training workload: images.py, the image loader's throughput and the step's waits.
 IMAGES = "images"
+
+
+def write_long_epoch_data(path: Path) -> None:
+    """64,000 samples of digits' shape: digits drawn with replacement, with noise, from a fixed seed."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    rng = np.random.default_rng(0)
+    index = rng.integers(len(digits.target), size=LONG_EPOCH_SAMPLES)
+    noise = rng.normal(0.0, 1.0, size=(LONG_EPOCH_SAMPLES, digits.data.shape[1]))
+    features = np.clip(digits.data[index] + noise, 0, 16).astype(np.float32)
+    np.savez(path, features=features, labels=digits.target[index])
 
 
 def generate(directory: Path, ref: str) -> Path:
@@ -127,6 +177,7 @@ def timed_run(command: list[str], cwd: Path, env: dict[str, str], out: Path, ter
             if subprocess.run(command, cwd=cwd, env=env, stdout=file, stderr=subprocess.STDOUT).returncode:
                 sys.exit(f"{' '.join(command)} failed; output in {log}")
     result = json.loads(out.read_text())
+    result["run_s"] = time.time() - started
     result["startup_s"] = result["first_step_wall"] - started
     result["import_s"] = result["lightning_imported_wall"] - started
     result["after_import_s"] = result["first_step_wall"] - result["lightning_imported_wall"]
@@ -140,14 +191,112 @@ def median(values) -> float:
     return statistics.median(values)
 
 
+def spread(values: list[float], digits: int = 2) -> str:
+    """The median of values, and their range."""
+    return f"{median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def side_command(side: str, workload: Workload, name: str, rep: int, workdir: Path, out: Path, steps: int):
+    """The command line of one run of a side that is not the project's (bare.py or hand.py)."""
+    command = [
+        sys.executable,
+        str(BENCH / f"{side}.py"),
+        f"--package={PACKAGE}",
+        f"--init={workdir / f'{name}-init.pt'}",
+        f"--steps={steps}",
+        f"--max-epochs={workload.max_epochs}",
+        f"--batch-size={workload.batch_size}",
+        f"--workdir={workdir / f'{name}-{side}-{rep}'}",
+        f"--out={out}",
+    ]
+    command += ["--compile"] if workload.compiled else []
+    if workload.hidden_sizes:
+        command.append(f"--hidden-sizes={','.join(map(str, workload.hidden_sizes))}")
+    command += [f"--data-file={workdir / 'long_epoch.npz'}"] if workload.data_file else []
+    return command
+
+
+def run_workload(name: str, workload: Workload, reps: int, project: Path, workdir: Path, env: dict) -> dict:
+    """Every side of a workload, ``reps`` rounds, the sides' order rotating; the results by side."""
+    results: dict[str, list[dict]] = {side: [] for side in workload.sides}
+    extra = list(workload.project_args)
+    if workload.data_file:
+        extra.append(f"--data.init_args.path={workdir / 'long_epoch.npz'}")
+    steps = None
+    for rep in range(reps):
+        sides = workload.sides[rep % len(workload.sides) :] + workload.sides[: rep % len(workload.sides)]
+        if steps is None:  # the others need the first project run's initial weights and steps
+            sides = ["project", *(side for side in sides if side != "project")]
+        for side in sides:
+            out = workdir / f"{name}-{side}-{rep}.json"
+            if side in ("project", "no_logger"):
+                clock = json.dumps({"class_path": "clock.BenchClock", "init_args": {"out": str(out)}})
+                command = [sys.executable, "-m", PACKAGE, "fit", f"--run_name={name}-{side}-{rep}"]
+                command += [f"--trainer.callbacks+={clock}", *extra]
+                command += ["--trainer.logger=false"] if side == "no_logger" else []
+                run_env = {**env, "BENCH_INIT": str(workdir / f"{name}-init.pt")}
+                result = timed_run(command, project, run_env, out, terminal=True)
+                steps = steps or result["steps"]
+            else:
+                command = side_command(side, workload, name, rep, workdir, out, steps)
+                result = timed_run(command, project, env, out, terminal=False)
+            results[side].append(result)
+            print(
+                f"  {name} {side:9s} round {rep + 1}/{reps}: {result['interval_ms']:.3f} ms a step, "
+                f"{result['boundary_ms']:.1f} ms an epoch end, fit {result['fit_s']:.2f} s, "
+                f"{result['after_import_s']:.2f} s from import lightning to the first step, "
+                f"{result['steps']} steps, val/acc {result['val_acc']:.3f}",
+                flush=True,
+            )
+    return results
+
+
+def round_ratios(results: dict[str, list[dict]], side: str, over: str) -> list[float]:
+    """The fit time of ``side`` over that of ``over``, round by round."""
+    return [a["fit_s"] / b["fit_s"] for a, b in zip(results[side], results[over], strict=True)]
+
+
+def print_table(rows: dict[str, dict[str, list[dict]]]) -> None:
+    print(
+        "\nMedians over the rounds, with their range. step ms: one step inside an epoch; epoch end ms:\n"
+        "from an epoch's last step to the end of the next one's first, validation excluded\n"
+        "(checkpoints, epoch metrics, loggers, one step); fit s: the whole fit, validation included;\n"
+        "run s: the process, start to exit; after import s: from the end of import lightning to the\n"
+        "end of the first optimizer step.\n"
+    )
+    header = f"{'workload':12s} {'side':10s} {'step ms':>19s} {'epoch end ms':>19s} {'fit s':>19s}"
+    header += f" {'run s':>7s} {'after import s':>19s} {'val epoch ms':>12s} {'peak MB':>8s} {'val/acc':>7s}"
+    print(header)
+    for name, results in rows.items():
+        for side, runs in results.items():
+            print(
+                f"{name:12s} {side:10s} {spread([r['interval_ms'] for r in runs], 3):>19s} "
+                f"{spread([r['boundary_ms'] for r in runs]):>19s} {spread([r['fit_s'] for r in runs]):>19s} "
+                f"{median(r['run_s'] for r in runs):7.2f} {spread([r['after_import_s'] for r in runs]):>19s} "
+                f"{1000 * median(t for r in runs for t in r['val_epoch_s']):12.2f} "
+                f"{median(r['peak_rss_mb'] for r in runs):8.0f} {median(r['val_acc'] for r in runs):7.4f}"
+            )
+    print()
+    for name, results in rows.items():
+        step = {side: median(r["interval_ms"] for r in runs) for side, runs in results.items()}
+        end = {side: median(r["boundary_ms"] for r in runs) for side, runs in results.items()}
+        parts = [f"project/bare fit {spread(round_ratios(results, 'project', 'bare'))}"]
+        if "no_logger" in results:
+            parts.append(f"no_logger/bare fit {spread(round_ratios(results, 'no_logger', 'bare'))}")
+        parts.append(f"bare/hand fit {spread(round_ratios(results, 'bare', 'hand'))}")
+        parts.append(f"step ms over bare's: project +{step['project'] - step['bare']:.3f}")
+        parts.append(f"epoch end ms over bare's: project +{end['project'] - end['bare']:.1f}")
+        print(f"{name}: " + "; ".join(parts))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--reps", type=int, default=5, help="runs of each side per configuration")
-    choices = [*CONFIGS, IMAGES]
+    parser.add_argument("--reps", type=int, default=5, help="rounds of each workload")
+    choices = [*WORKLOADS, IMAGES]
     parser.add_argument(
-        "--configs", default=",".join(choices), help="comma-separated, from: " + ", ".join(choices)
+        "--configs", default=",".join(DEFAULT_CONFIGS), help="comma-separated, from: " + ", ".join(choices)
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each run (OMP_NUM_THREADS)")
     parser.add_argument("--template", default="HEAD", help="the template's git ref (HEAD: the working tree)")
@@ -158,11 +307,13 @@ def main() -> None:
         if name not in choices:
             parser.error(f"unknown configuration {name!r}; choose from {', '.join(choices)}")
 
+    began = time.time()
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="bench-"))
     if args.keep and workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     project = generate(workdir, args.template)
+    write_long_epoch_data(workdir / "long_epoch.npz")
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(project / "src"), str(BENCH)]),
@@ -179,91 +330,11 @@ def main() -> None:
     )
 
     rows = {}
-    for name in (name for name in names if name in CONFIGS):
-        extra, batch_size, max_epochs, compiled, reps, hidden_sizes = CONFIGS[name]
-        reps = reps or args.reps
-        init = workdir / f"{name}-init.pt"
-        all_sides = SIDES + (["manual"] if name == "default" else [])
-        results: dict[str, list[dict]] = {side: [] for side in all_sides}
-        steps = None
-        for rep in range(reps):
-            sides = all_sides[rep % len(all_sides) :] + all_sides[: rep % len(all_sides)]
-            for side in sides:
-                if side != "lightning" and steps is None:
-                    continue  # the others need the first project run's initial weights and steps
-                out = workdir / f"{name}-{side}-{rep}.json"
-                if side == "lightning":
-                    clock = json.dumps({"class_path": "clock.BenchClock", "init_args": {"out": str(out)}})
-                    command = [
-                        sys.executable,
-                        "-m",
-                        PACKAGE,
-                        "fit",
-                        f"--run_name={name}-{rep}",
-                        f"--trainer.callbacks+={clock}",
-                        *extra,
-                    ]
-                    result = timed_run(command, project, {**env, "BENCH_INIT": str(init)}, out, terminal=True)
-                    steps = steps or result["steps"]
-                else:
-                    command = [
-                        sys.executable,
-                        str(BENCH / ("hand.py" if side == "hand" else "bare.py")),
-                        f"--package={PACKAGE}",
-                        f"--init={init}",
-                        f"--steps={steps}",
-                        f"--max-epochs={max_epochs}",
-                        f"--batch-size={batch_size}",
-                        f"--workdir={workdir / f'{name}-{side}-{rep}'}",
-                        f"--out={out}",
-                    ]
-                    command += ["--compile"] if compiled else []
-                    command += ["--manual"] if side == "manual" else []
-                    command += [f"--hidden-sizes={','.join(map(str, hidden_sizes))}"] if hidden_sizes else []
-                    result = timed_run(command, project, env, out, terminal=False)
-                results[side].append(result)
-                print(
-                    f"  {name} {side:9s} run {rep + 1}/{reps}: {result['step_ms']:.3f} ms/step "
-                    f"({result['interval_ms']:.3f} in an epoch, {result['boundary_ms']:.1f} at epoch ends), "
-                    f"start-up {result['startup_s']:.2f} s ({result['after_import_s']:.2f} after import "
-                    f"lightning), {result['steps']} steps, "
-                    f"val/acc {result['val_acc']:.3f}",
-                    flush=True,
-                )
-        rows[name] = results
-
+    for name in (name for name in names if name in WORKLOADS):
+        workload = WORKLOADS[name]
+        rows[name] = run_workload(name, workload, workload.reps or args.reps, project, workdir, env)
     if rows:
-        print()
-        print(
-            "ms/step: steady-state training time per step, epoch ends included, validation excluded;\n"
-            "step ms: one step inside an epoch; epoch end ms: from an epoch's last step to the end of the\n"
-            "next one's first, validation excluded (checkpoints, epoch metrics, loggers, a step).\n"
-        )
-        print(
-            f"{'configuration':14s} {'side':10s} {'ms/step':>9s} {'step ms':>8s} {'epoch end ms':>12s} "
-            f"{'train s':>8s} {'start-up s':>10s} {'after import s':>14s} {'val epoch ms':>12s} "
-            f"{'peak RSS MB':>11s} {'val/acc':>8s} "
-            f"{'runs':>5s}"
-        )
-        for name, results in rows.items():
-            for side, runs in results.items():
-                print(
-                    f"{name:14s} {side:10s} {median(r['step_ms'] for r in runs):9.3f} "
-                    f"{median(r['interval_ms'] for r in runs):8.3f} "
-                    f"{median(r['boundary_ms'] for r in runs):12.2f} "
-                    f"{median(r['train_s'] for r in runs):8.2f} {median(r['startup_s'] for r in runs):10.2f} "
-                    f"{median(r['after_import_s'] for r in runs):14.2f} "
-                    f"{1000 * median(t for r in runs for t in r['val_epoch_s']):12.2f} "
-                    f"{median(r['peak_rss_mb'] for r in runs):11.0f} "
-                    f"{median(r['val_acc'] for r in runs):8.4f} {len(runs):5d}"
-                )
-        print("\ndata loading, one process (bench/loader.py):", flush=True)
-        subprocess.run(
-            [sys.executable, str(BENCH / "loader.py"), f"--package={PACKAGE}"],
-            cwd=project,
-            env=env,
-            check=True,
-        )
+        print_table(rows)
     if IMAGES in names:
         print("\nimage loading and the CNN's step (bench/images.py):", flush=True)
         subprocess.run(
@@ -278,30 +349,14 @@ def main() -> None:
             env=env,
             check=True,
         )
-    ratios = {}
-    for name, results in rows.items():
-        step_ms = {side: median(r["step_ms"] for r in runs) for side, runs in results.items()}
-        ratios[name] = step_ms["lightning"] / step_ms["hand"]
-        per_run = ", ".join(
-            f"{lr['step_ms'] / hr['step_ms']:.2f}"
-            for lr, hr in zip(results["lightning"], results["hand"], strict=False)
-        )
-        after_import = {side: median(r["after_import_s"] for r in runs) for side, runs in results.items()}
-        imported = median(r["import_s"] for runs in results.values() for r in runs)
-        manual = step_ms.get("manual")
-        print(
-            f"{name}: lightning/hand time per step {ratios[name]:.2f} (per run pair: {per_run}); "
-            f"bare Lightning/hand {step_ms['bare'] / step_ms['hand']:.2f}; "
-            f"lightning/bare Lightning {step_ms['lightning'] / step_ms['bare']:.2f}; "
-            + (f"bare Lightning, manual optimization/hand {manual / step_ms['hand']:.2f}; " if manual else "")
-            + f"first step after import lightning ({imported:.2f} s): {after_import['lightning']:.2f} s "
-            f"(bare Lightning {after_import['bare']:.2f} s, hand {after_import['hand']:.2f} s)"
-        )
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
-    if "default" in ratios:
-        print(f"overhead_ratio={ratios['default']:.2f}")
+    print(f"\n{time.time() - began:.0f} s in all; load average at the end: {os.getloadavg()[0]:.1f}")
+    for name in (name for name in DEFAULT_CONFIGS if name in rows):
+        print(f"project_over_bare[{name}]={median(round_ratios(rows[name], 'project', 'bare')):.2f}")
+    if "default" in rows:
+        startup = median(r["after_import_s"] for r in rows["default"]["project"])
+        print(f"startup_after_import_lightning_s={startup:.2f}")
 
 
 if __name__ == "__main__":

@@ -142,6 +142,23 @@ def test_declared_dependencies_are_met_by_this_environment(generated, key):
         assert requirement.specifier.contains(version, prereleases=True), f"{requirement} vs {version}"
 
 
+def _collected(project, *args: str) -> list[str]:
+    result = run_python(project, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    return [line for line in result.stdout.splitlines() if "::" in line]
+
+
+def test_a_plain_pytest_runs_the_smoke_suite_and_full_runs_every_test(generated, tmp_path):
+    project = shutil.copytree(generated("loggers=wandb"), tmp_path / "project")
+    plain, full = _collected(project), _collected(project, "--full")
+    assert plain == _collected(project, "-m", "smoke")
+    assert "tests/test_smoke.py::test_fit_validate_resume_test_predict" in plain
+    assert not [test for test in plain if "test_user_path" in test or "test_ddp" in test]
+    assert set(plain) < set(full) and any("test_user_path" in test for test in full)
+    # Naming a file runs all of it, smoke or not.
+    assert _collected(project, "tests/test_ddp.py") == [test for test in full if "test_ddp.py" in test]
+
+
 # Which of a generated project's tests run, by answer set (each part is one test here, so that
 # pytest-xdist's workers share them; each selection in a part is one pytest command):
 # - classification with every logger: the whole suite, slow tests (resume, DDP, images, scripts,
@@ -206,6 +223,6 @@ def test_generated_project_tests_pass(generated, key, part, tmp_path):
     project = shutil.copytree(generated(key), tmp_path / "project")
     install(project)
     for selection in PARTS[key, part]:
-        result = run_python(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection)
+        result = run_python(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--full", *selection)
         assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
         assert re.search(r"\d+ passed", result.stdout)

@@ -70,6 +70,9 @@ REFUSED_OPTIONS = {
     "and its warm-up with model.init_args.warmup_steps",
 }
 
+# wandb's copy of the console (the run's Logs tab) holds little but the progress bar, redrawn four
+# times a second, and each copied write costs the run time; WANDB_CONSOLE=wrap brings it back.
+os.environ.setdefault("WANDB_CONSOLE", "off")
 # The run's config.yaml is saved into its directory before any checkpoint or log, which is expected.
 warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
