@@ -19,7 +19,6 @@ import time
 
 from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
-from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loops import fit_loop, training_epoch_loop
 
 totals: dict[str, float] = collections.defaultdict(float)
@@ -49,6 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     checkpointing = importlib.import_module(f"{args.package}.utils.checkpointing")
     timing = importlib.import_module(f"{args.package}.utils.timing")
+    tracking = importlib.import_module(f"{args.package}.utils.tracking")
     classifier = importlib.import_module(f"{args.package}.models.classifier").Classifier
 
     timed(training_epoch_loop._TrainingEpochLoop, "advance", "a training step (loop advance)")
@@ -65,7 +65,7 @@ def main() -> None:
     timed(TQDMProgressBar, "on_train_batch_end", "progress bar: on_train_batch_end")
     timed(TQDMProgressBar, "on_train_epoch_start", "progress bar: on_train_epoch_start")
     timed(TQDMProgressBar, "on_train_epoch_end", "progress bar: on_train_epoch_end")
-    timed(WandbLogger, "log_metrics", "WandbLogger.log_metrics")
+    timed(tracking.WandbLogger, "log_metrics", "WandbLogger.log_metrics (a line to its process)")
 
     importlib.import_module(f"{args.package}.cli").main(args.cli_args)
     print(f"\n{'total ms':>10s} {'calls':>6s} {'ms/call':>8s}  function")

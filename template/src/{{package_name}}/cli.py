@@ -27,7 +27,7 @@ from jsonargparse.typing import PositiveInt
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import DeviceStatsMonitor, ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
-from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
 from lightning.pytorch.plugins import CheckpointIO
 from lightning.pytorch.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy
@@ -54,6 +54,7 @@ from .utils import (
     received_signal,
     runs,
 )
+from .utils.tracking import finish_runs
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
@@ -121,9 +122,10 @@ def _resume_command(words: list[str], run_name: str) -> str:
 
 
 def _end_tracking() -> None:
-    """Finish the wandb run a failed command left open (``after_fit`` finishes the others) and
-    stop wandb's service, so that the next command in this process (in a test or a notebook)
-    starts afresh, not in the state this one left."""
+    """Finish the wandb runs a failed command left open (Lightning finishes the others) and stop
+    wandb's service, so that the next command in this process (in a test or a notebook) starts
+    afresh, not in the state this one left."""
+    finish_runs()
     wandb = sys.modules.get("wandb")
     if wandb is not None:
         if wandb.run is not None:
@@ -462,10 +464,10 @@ class CLI(LightningCLI):
         return built
 
     def after_fit(self) -> None:
-        # Lightning leaves the wandb run open for the caller; the next run in this process would
-        # otherwise be logged into it.
+        # Lightning's own wandb logger, if configured, leaves its run open for the caller; the next
+        # run in this process would otherwise be logged into it.
         for logger in self.trainer.loggers:
-            if isinstance(logger, WandbLogger):
+            if isinstance(logger, LightningWandbLogger):
                 logger.experiment.finish()
         runs.release(Path(self._config().trainer.default_root_dir))
 

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
 from torch import Tensor
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import (
@@ -19,6 +20,7 @@ from torchmetrics.classification import (
 from torchmetrics.utilities import dim_zero_cat
 
 from .predictions import is_regression
+from .tracking import WandbLogger
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -218,5 +220,5 @@ def log_images(trainer: Trainer, images: dict[str, Path]) -> None:
 
                 image = torch.from_numpy(imread(path)[..., :3])
                 logger.experiment.add_image(f"test/{name}", image, trainer.global_step, dataformats="HWC")
-            elif isinstance(logger, WandbLogger):
+            elif isinstance(logger, WandbLogger | LightningWandbLogger):
                 logger.log_image(key=f"test/{name}", images=[str(path)])
