@@ -13,6 +13,7 @@ For what this logger does not offer (artifacts, ``watch``, logging checkpoints),
 
 import contextlib
 import json
+import os
 import secrets
 import string
 import subprocess
@@ -74,7 +75,7 @@ class WandbLogger(Logger):
         super().__init__()
         self._save_dir = save_dir
         self._project = project
-        self._id = id or new_run_id()
+        self._id = id or os.environ.get("WANDB_RUN_ID") or new_run_id()
         self._init = {
             "dir": save_dir,
             "project": project,
