@@ -45,12 +45,12 @@ def _answers(index: int, task: str, loggers: list[str]) -> dict:
 
 
 # Every logger combination for classification, with licence and Python version rotated so each
-# value appears; then regression, with the default loggers answer (wandb) and with TensorBoard and CSV.
+# value appears; then regression, with the default loggers answer (wandb and CSV) and with TensorBoard and CSV.
 MATRIX = {
     f"loggers={'+'.join(loggers) or 'none'}": _answers(index, "classification", loggers)
     for index, loggers in enumerate(LOGGER_SETS)
 }
-REGRESSION_LOGGER_SETS = [["wandb"], ["tensorboard", "csv"]]
+REGRESSION_LOGGER_SETS = [["wandb", "csv"], ["tensorboard", "csv"]]
 MATRIX |= {
     f"task=regression,loggers={'+'.join(loggers)}": _answers(index, "regression", loggers)
     for index, loggers in enumerate(REGRESSION_LOGGER_SETS, start=len(LOGGER_SETS))

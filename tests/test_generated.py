@@ -149,7 +149,7 @@ def _collected(project, *args: str) -> list[str]:
 
 
 def test_a_plain_pytest_runs_the_smoke_suite_and_full_runs_every_test(generated, tmp_path):
-    project = shutil.copytree(generated("loggers=wandb"), tmp_path / "project")
+    project = shutil.copytree(generated("loggers=wandb+csv"), tmp_path / "project")
     plain, full = _collected(project), _collected(project, "--full")
     assert plain == _collected(project, "-m", "smoke")
     assert "tests/test_smoke.py::test_fit_validate_resume_test_predict" in plain
@@ -169,7 +169,7 @@ def test_a_plain_pytest_runs_the_smoke_suite_and_full_runs_every_test(generated,
 #   resume, sweeps and the record among them), and the fast image tests (the image module
 #   classifies in every project); the machinery both tasks share (DDP signals and hangs, memory,
 #   tooling, exact resume with image workers) runs once, in the classification parts;
-# - no logger, and wandb alone (the default answer) in both tasks: the fast tests of the files
+# - no logger, and wandb with CSV (the default answer) in both tasks: the fast tests of the files
 #   whose code or outcome depends on the loggers chosen. TensorBoard and CSV, alone or together,
 #   run them in the regression project and beside wandb in the full suite; a single logger other
 #   than wandb takes no path of its own in the project's code (one entry of trainer.logger).
@@ -211,7 +211,7 @@ for name, names in TASK_PARTS.items():
     PARTS[REGRESSION, name] = [[*_test_files(*names), *(f"--deselect=tests/{test}" for test in ONCE)]]
 PARTS[REGRESSION, "files"].append(["-m", "not slow", *_test_files("images")])
 for key in KEYS:
-    if key != REGRESSION and key.partition("loggers=")[2] in ("none", "wandb"):
+    if key != REGRESSION and key.partition("loggers=")[2] in ("none", "wandb+csv"):
         PARTS[key, "logger files"] = [["-m", "not slow", *_test_files(*LOGGER_FILES)]]
 
 

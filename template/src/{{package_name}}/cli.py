@@ -13,6 +13,7 @@ import importlib
 import inspect
 import logging
 import os
+import re
 import shlex
 import signal
 import sys
@@ -54,12 +55,27 @@ from .utils import (
     received_signal,
     runs,
 )
+from .utils.summary import VERBOSE_VARIABLE, evaluation_summary, fit_summary, is_verbose, predict_summary
 from .utils.tracking import finish_runs
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
 RECORD_FILE = Path("experiments.jsonl")
+TRACKING_LOGGER = f"{__package__}.utils.tracking.WandbLogger"
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+# Lightning's own descriptions are the first lines of its docstrings, which stop mid-sentence.
+SUBCOMMAND_HELP = {
+    "fit": "Train a model: a new run, or continue a run from its checkpoint with --ckpt_path.",
+    "validate": "Evaluate a checkpoint (--ckpt_path) on the validation split.",
+    "test": "Evaluate a checkpoint (--ckpt_path) on the test split, with a report of the results.",
+    "predict": "Predict with a checkpoint (--ckpt_path): the test split, or the samples of --inputs.",
+}
+# Lightning's information lines that nothing follows from: what hardware it found, the seed, the
+# checkpoint it restored, how DDP started; the command's summary says what matters of them.
+ROUTINE_LINES = re.compile(
+    r"(GPU|TPU|HPU) available|Seed set to|`Trainer\.\w+` stopped|Restoring states from|Restored all states"
+    r"|Loaded model weights from|LOCAL_RANK: |Initializing distributed|-+\ndistributed_backend="
+)
 # Processes that Lightning starts for DDP re-run the command line; they read rank 0's start time here.
 START_TIME_VARIABLE = f"{__package__.upper()}_START_TIME"
 # LightningCLI's own optimizer options would bypass the model's warm-up and schedule.
@@ -87,6 +103,19 @@ warnings.filterwarnings("ignore", message="The `srun` command is available on yo
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
     lambda record: "litlogger" not in record.getMessage()
 )
+
+
+def _quiet_routine_lines() -> None:
+    def shown(record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or is_verbose() or not ROUTINE_LINES.search(record.getMessage())
+
+    for name in ("rank_zero", "seed", "distributed"):
+        for package in ("lightning.pytorch", "lightning.fabric"):
+            logging.getLogger(f"{package}.utilities.{name}").addFilter(shown)
+    logging.getLogger("lightning.pytorch.accelerators.cuda").addFilter(shown)
+
+
+_quiet_routine_lines()
 
 
 def default_precision() -> str:
@@ -226,6 +255,12 @@ class CLI(LightningCLI):
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
 
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        if add_subcommands:
+            for choice in self.parser._subcommands_action._choices_actions:
+                choice.help = SUBCOMMAND_HELP.get(choice.dest, choice.help)
+
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         # Checked here, before LightningCLI reads the checkpoint's hyper-parameters.
         super().parse_arguments(parser, args)
@@ -304,16 +339,26 @@ class CLI(LightningCLI):
         config.checkpoint.dirpath = config.last_checkpoint.dirpath = str(
             Path(config.runs_dir) / config.run_name if config.run_name else run_dir
         )
-        versions = self.checkpoint.get("logger_versions", {}) if resumed else {}
+        # Evaluating a checkpoint in its run's directory adds to that run's wandb run.
+        evaluated = self.subcommand != "fit" and (run_dir.parent / "config.yaml").is_file()
+        versions = self.checkpoint.get("logger_versions", {}) if resumed or evaluated else {}
         for logger in _loggers(config.trainer.logger):
             logger.init_args.save_dir = str(run_dir)
             if logger.init_args.get("name") is None:
                 logger.init_args.name = config.run_name
             kind = logger.class_path.rsplit(".", 1)[-1]
-            if kind == "WandbLogger" and versions.get(kind):
-                logger.init_args.id = versions[kind]  # continue the same wandb run
+            continues = resumed or logger.class_path == TRACKING_LOGGER
+            if kind == "WandbLogger" and versions.get(kind) and continues:
+                logger.init_args.id = versions[kind]  # continue the same wandb run, in its directory
+                logger.init_args.save_dir = str(run_dir if resumed else run_dir.parent)
             elif kind == "CSVLogger" and resumed:
                 logger.init_args.version = f"resumed-{_start_time()}"  # keep the first metrics.csv
+        if not is_verbose():
+            # The fit's summary gives the number of parameters; test's gives the metrics.
+            if config.trainer.enable_model_summary is None:
+                config.trainer.enable_model_summary = False
+            if "verbose" in config:
+                config.verbose = False
         if config.trainer.precision is None:
             config.trainer.precision = default_precision()
         self._check_precision(config.trainer)
@@ -463,15 +508,40 @@ class CLI(LightningCLI):
                     callback.resume_command = _resume_command(self.words, config.run_name)
         return built
 
-    def after_fit(self) -> None:
+    def _end_run(self) -> bool:
+        """Finish what the run left open, and tell whether this process prints its summary."""
         # Lightning's own wandb logger, if configured, leaves its run open for the caller; the next
         # run in this process would otherwise be logged into it.
         for logger in self.trainer.loggers:
             if isinstance(logger, LightningWandbLogger):
                 logger.experiment.finish()
         runs.release(Path(self._config().trainer.default_root_dir))
+        return self.trainer.is_global_zero
 
-    after_validate = after_test = after_predict = after_fit
+    def _callback(self, kind: type) -> Any:
+        return next(callback for callback in self.trainer.callbacks if isinstance(callback, kind))
+
+    def after_fit(self) -> None:
+        if self._end_run():
+            parameters = sum(parameter.numel() for parameter in self.model.parameters())
+            print(fit_summary(self._callback(ExperimentRecord).lines["fit"], __package__, parameters))
+
+    def after_validate(self) -> None:
+        self._print_evaluation("validate", "val/")
+
+    def after_test(self) -> None:
+        self._print_evaluation("test", "test/")
+
+    def _print_evaluation(self, stage: str, prefix: str) -> None:
+        if self._end_run():
+            metrics = self.trainer.callback_metrics
+            metrics = {name: value for name, value in metrics.items() if name.startswith(prefix)}
+            output_dir = Path(self.trainer.default_root_dir)
+            print(evaluation_summary(stage, self.trainer.ckpt_path, metrics, output_dir))
+
+    def after_predict(self) -> None:
+        if self._end_run():
+            print(predict_summary(self._callback(PredictionWriter).written))
 
     def _summary(self, config: Namespace) -> dict[str, Any]:
         """What the experiment record says about the run besides its results."""
@@ -505,6 +575,13 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
     if run and "LOCAL_RANK" in os.environ:
         end_with_parent()  # a DDP process started by another: never outlive it
     words = list(sys.argv[1:] if args is None else args) if isinstance(args, list | None) else []
+    if "--verbose" in words:
+        words.remove("--verbose")
+        os.environ[VERBOSE_VARIABLE] = "1"
+        if args is None:
+            sys.argv = [sys.argv[0], *words]
+        else:
+            args = words
     first = next((index for index, word in enumerate(words) if word in SUBCOMMANDS), len(words))
     if run and any(word in ("-c", "--config") or word.startswith("--config=") for word in words[:first]):
         sys.exit(f"error: put --config after the subcommand, e.g. python -m {__package__} fit --config ...")
@@ -515,20 +592,21 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
     defaults = {"default_config_files": [str(DEFAULT_CONFIG)]} if DEFAULT_CONFIG.is_file() else {}
     parser_kwargs = {"prog": f"python -m {__package__}"}
     if run:
-        parser_kwargs |= {name: defaults for name in SUBCOMMANDS}
+        parser_kwargs |= {name: {**defaults, "description": SUBCOMMAND_HELP[name]} for name in SUBCOMMANDS}
     else:
         parser_kwargs |= defaults
-    refused = False  # on a setting: what the start wrote goes, so that it can simply be run again
+    failed = True  # then what the command made and holds no checkpoint goes, so that it can be run again
     try:
-        return CLI(
+        cli = CLI(
             args=args,
             run=run,
             parser_kwargs=parser_kwargs,
             save_config_kwargs={"overwrite": False},
             auto_configure_optimizers=False,
         )
+        failed = False
+        return cli
     except ConfigError as error:
-        refused = True
         sys.exit(f"error: {error}")
     except FloatingPointError as error:
         sys.exit(f"error: {error}")
@@ -541,7 +619,7 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
         # signal does (143 or 130), not as a finished one.
         sys.exit(128 + (received_signal() or signal.SIGTERM))
     except SystemExit as exit:
-        refused = exit.code == 2  # a setting refused with its one-line error
+        failed = exit.code not in (0, None)
         raise
     except RuntimeError as error:
         if run and is_out_of_memory(error):
@@ -555,4 +633,4 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
         raise
     finally:
         _end_tracking()
-        runs.end_command(refused)
+        runs.end_command(failed)

@@ -32,15 +32,18 @@ class PredictionWriter(BasePredictionWriter):
     file), when the data module is an ``ArrayDataModule``; ``file`` the image file, when it is an
     ``ImageFolderDataModule``. ``label`` and ``target`` are present
     when the batches carry them (``(inputs, labels)``). Under DDP each process writes its own
-    share to ``predictions-rank<N>.csv``.
+    share to ``predictions-rank<N>.csv``. ``written`` holds each file this process wrote and its
+    number of rows; the loggers get the total as ``predict/rows``.
     """
 
     def __init__(self) -> None:
         super().__init__(write_interval="batch_and_epoch")
         self._labels: list[torch.Tensor] = []
+        self.written: list[tuple[Path, int]] = []
 
     def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._labels = []
+        self.written = []
 
     def write_on_batch_end(
         self,
@@ -82,6 +85,10 @@ class PredictionWriter(BasePredictionWriter):
             writer = csv.writer(file)
             writer.writerow(columns)
             writer.writerows(zip(*columns.values(), strict=True))
+        self.written.append((path, len(indices)))
+        rows = trainer.strategy.reduce(torch.tensor(len(indices)), reduce_op="sum")
+        for logger in trainer.loggers:
+            logger.log_metrics({"predict/rows": int(rows)})
 
 
 def classification_columns(

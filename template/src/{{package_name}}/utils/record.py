@@ -15,24 +15,30 @@ from ..models import Classifier
 from .checkpointing import LastCheckpoint
 
 
-def git_commit() -> str | None:
-    """The checked-out commit, ``+dirty`` when tracked files have changed; None outside git."""
+def git_state() -> tuple[str | None, bool | None]:
+    """The checked-out commit, and whether the tree differs from it: changed tracked files or
+    untracked files that git does not ignore (a model in a file never committed, say). None and
+    None outside git."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
         # The record itself changes with every run, so it does not make the tree dirty.
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!experiments.jsonl"],
+            ["git", "status", "--porcelain", "--untracked-files=normal", "--", ".", ":!experiments.jsonl"],
             capture_output=True,
             text=True,
         )
     except (OSError, subprocess.CalledProcessError):
-        return None
-    return commit.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
+        return None, None
+    return commit.stdout.strip(), bool(status.stdout.strip())
 
 
 def _saved_epoch(checkpoint: str) -> int:
     """The epoch a checkpoint was saved in; memory-mapped, so its tensors are not read."""
     return torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)["epoch"]
+
+
+def _now() -> str:
+    return datetime.now().astimezone().isoformat(timespec="seconds")
 
 
 def _number(value: Any) -> float | None:
@@ -47,27 +53,36 @@ class ExperimentRecord(Callback):
     classifier's lines also hold its ``classes``, the class names by class index. ``summary``
     carries what the CLI knows of the run: name, model, dataset, seed and key hyper-parameters.
     A fit stopped by SIGTERM or Ctrl-C writes its line too, with ``status`` ``interrupted``
-    instead of ``finished``. A fit's ``wall_time_s`` adds up every part of a run resumed after an
-    interruption: each checkpoint carries the time so far.
+    instead of ``finished``. A run resumed after an interruption is trained in parts, one a
+    process: each checkpoint carries the parts so far, and a fit's line lists them (``parts``:
+    when each started and its time) with ``wall_time_s`` their total. ``lines`` holds the last
+    line written of each stage, for the summary the command ends with.
     """
 
     def __init__(self, path: str | Path, summary: dict[str, Any]) -> None:
         self.path = Path(path)
         self.summary = summary
+        self.lines: dict[str, dict[str, Any]] = {}
         self._started = time.perf_counter()
-        self._earlier_parts_s = 0.0  # a resumed fit's time before this process
+        self._started_at = _now()
+        self._earlier_parts: list[dict[str, Any]] = []  # a resumed fit's parts before this process
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._started = time.perf_counter()
+        self._started_at = _now()
 
     def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._started = time.perf_counter()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"wall_time_s": self._earlier_parts_s + time.perf_counter() - self._started}
+        part = {"started": self._started_at, "wall_time_s": round(time.perf_counter() - self._started, 2)}
+        parts = [*self._earlier_parts, part]
+        return {"wall_time_s": round(sum(part["wall_time_s"] for part in parts), 2), "parts": parts}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._earlier_parts_s = state_dict["wall_time_s"]
+        # A checkpoint written before parts were kept holds the total time only.
+        earlier = [{"started": None, "wall_time_s": state_dict["wall_time_s"]}]
+        self._earlier_parts = state_dict.get("parts", earlier)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._write_fit(trainer, pl_module, "finished")
@@ -94,7 +109,7 @@ class ExperimentRecord(Callback):
             best_checkpoint=best,
             last_checkpoint=str(last.resolve()) if last and last.is_file() else None,
             test=None,
-            wall_time_s=round(self.state_dict()["wall_time_s"], 2),
+            **self.state_dict(),
         )
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -111,12 +126,14 @@ class ExperimentRecord(Callback):
         if not trainer.is_global_zero:
             return
         line = {
-            "time": datetime.now().astimezone().isoformat(timespec="seconds"),
+            "time": _now(),
             **self.summary,
             **({"classes": pl_module.class_names} if isinstance(pl_module, Classifier) else {}),
             "wall_time_s": round(time.perf_counter() - self._started, 2),
             **fields,
-            "git_commit": git_commit(),
         }
+        commit, dirty = git_state()
+        line |= {"git_commit": commit and commit + ("+dirty" if dirty else ""), "git_dirty": dirty}
         with self.path.open("a") as file:
             file.write(json.dumps(line, default=str) + "\n")
+        self.lines[fields["stage"]] = line

@@ -4,8 +4,9 @@ The rules, in one place:
 
 - A run name is one directory name, so no run writes outside ``runs_dir``.
 - A directory that holds files belongs to its run: only resuming from one of its checkpoints
-  continues there. A start that fails on a setting (a one-line error) removes the directories it
-  made, so the same command can be run again at once.
+  continues there. A command that fails before its run saved a checkpoint (on a setting, the
+  data, an error in the first steps) removes the directories it made, so the same command can be
+  run again at once.
 - ``--ckpt_path last`` is the newest ``last.ckpt`` of the named run, or of any run.
 - The process that trains in a directory holds its lock (the file ``.lock``, naming the
   process), so two processes never train in one run at once. The operating system releases
@@ -75,15 +76,15 @@ def expect_new(directory: Path) -> None:
         _created.add(directory.resolve())
 
 
-def end_command(refused: bool) -> None:
-    """At the end of a command: if it was refused on a setting, remove the directories it made
-    that hold no checkpoint, and the parents it made for them if nothing else is in them, so that
-    it can simply be run again."""
-    for directory in _created if refused else ():
+def end_command(failed: bool) -> None:
+    """At the end of a command: if it failed, remove the directories it made that hold no
+    checkpoint, and the parents it made for them if nothing else is in them, so that the same
+    command can simply be run again. A run that saved a checkpoint keeps its directory."""
+    for directory in _created if failed else ():
         if directory.is_dir() and not any(directory.rglob("*.ckpt")):
             release(directory)
             shutil.rmtree(directory, ignore_errors=True)
-    for parent in _created_parents if refused else ():
+    for parent in _created_parents if failed else ():
         if parent.is_dir() and not any(parent.iterdir()):
             parent.rmdir()
     _created.clear()

@@ -26,6 +26,8 @@ from typing import Any
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
+from .summary import is_verbose
+
 PROCESS = Path(__file__).with_name("wandb_process.py")
 # Seconds the end of a command waits for the wandb process to finish its run (an online run may
 # still be uploading): long enough for an offline run on a loaded machine.
@@ -119,11 +121,12 @@ class WandbLogger(Logger):
             return
         if self._process is None:
             self.output.parent.mkdir(parents=True, exist_ok=True)
-            with self.output.open("w") as output:
+            with self.output.open("a") as output:
                 # In this process group, so that whatever ends the whole group ends it too.
                 command = [sys.executable, str(PROCESS)]
+                shown = None if is_verbose() else output  # --verbose: wandb's lines on the terminal
                 self._process = subprocess.Popen(
-                    command, stdin=subprocess.PIPE, stdout=output, stderr=output, text=True
+                    command, stdin=subprocess.PIPE, stdout=shown, stderr=shown, text=True
                 )
             _running.add(self)
             self._write(self._init)

@@ -1,0 +1,70 @@
+"""What a command prints: the block of lines it ends with (what the run gave, and where it went),
+and whether it prints the rest too.
+
+Paths are shown as a shell would take them from where the command ran: relative when they are
+below that directory, absolute otherwise. By default a command prints the progress bar, its
+summary and warnings; ``--verbose``, or ``<PACKAGE>_VERBOSE=1``, brings back Lightning's
+information lines, its model summary and metrics tables, and wandb's lines.
+"""
+
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+# Set by --verbose, and seen by the processes a command starts (DDP's, wandb's) too.
+VERBOSE_VARIABLE = f"{__package__.split('.')[0].upper()}_VERBOSE"
+
+
+def is_verbose() -> bool:
+    return os.environ.get(VERBOSE_VARIABLE, "") not in ("", "0")
+
+
+def shown(path: str | Path) -> str:
+    """``path`` relative to the working directory where it is below it."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _rows(rows: dict[str, Any]) -> list[str]:
+    width = max(len(name) for name in rows)
+    return [f"  {name:<{width}}  {value}" for name, value in rows.items() if value is not None]
+
+
+def _value(value: float | None) -> str | None:
+    return None if value is None else f"{value:.4f}"
+
+
+def fit_summary(line: dict[str, Any], package: str, parameters: int) -> str:
+    """The end of a fit, from its line in the experiment record."""
+    parts = len(line["parts"])
+    time = f"{line['wall_time_s']:.1f} s" + (f" in {parts} parts" if parts > 1 else "")
+    best = line["best_checkpoint"]
+    rows = {
+        "model": f"{line['model']}, {parameters:,} parameters",
+        f"best {line['monitor']}": best and f"{_value(line['best_value'])} at epoch {line['best_epoch']}",
+        "best checkpoint": shown(best) if best else None,
+        "last checkpoint": shown(line["last_checkpoint"]) if line["last_checkpoint"] else None,
+        "time": f"{time}, {line['epochs']} epochs, {line['steps']} steps",
+    }
+    lines = [f"Run {line['run_name']} finished.", *_rows(rows)]
+    if best or line["last_checkpoint"]:
+        test = ["python", "-m", package, "test", "--ckpt_path", shown(best or line["last_checkpoint"])]
+        lines += ["Test it:", f"  {shlex.join(test)}"]
+    return "\n".join(lines)
+
+
+def evaluation_summary(stage: str, checkpoint: str | None, metrics: dict[str, Any], output_dir: Path) -> str:
+    """The end of a test or validate: the checkpoint, its metrics and the directory of the outputs."""
+    of = f" of {shown(checkpoint)}" if checkpoint else ""
+    values = {name: _value(float(value)) for name, value in sorted(metrics.items())}
+    return "\n".join([f"{stage.capitalize()}{of}:", *_rows({**values, "outputs": f"{shown(output_dir)}/"})])
+
+
+def predict_summary(files: list[tuple[Path, int]]) -> str:
+    """The end of a predict: each file written and its number of rows."""
+    rows = {shown(path): f"{count:,} rows" for path, count in files}
+    return "\n".join(["Predictions:", *_rows(rows)])
