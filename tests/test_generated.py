@@ -169,8 +169,8 @@ def test_a_plain_pytest_runs_the_smoke_suite_and_full_runs_every_test(generated,
 #   resume, sweeps and the record among them), and the fast image tests (the image module
 #   classifies in every project); the machinery both tasks share (DDP signals and hangs, memory,
 #   tooling, exact resume with image workers) runs once, in the classification parts;
-# - no logger, and wandb with CSV (the default answer) in both tasks: the fast tests of the files
-#   whose code or outcome depends on the loggers chosen. TensorBoard and CSV, alone or together,
+# - no logger, and wandb with CSV (the default answer): the fast tests of the files whose code or
+#   outcome depends on the loggers chosen; in a regression project, those of its test report. TensorBoard and CSV, alone or together,
 #   run them in the regression project and beside wandb in the full suite; a single logger other
 #   than wandb takes no path of its own in the project's code (one entry of trainer.logger).
 # The other answer sets are generated and checked above.
@@ -212,7 +212,10 @@ for name, names in TASK_PARTS.items():
 PARTS[REGRESSION, "files"].append(["-m", "not slow", *_test_files("images")])
 for key in KEYS:
     if key != REGRESSION and key.partition("loggers=")[2] in ("none", "wandb+csv"):
-        PARTS[key, "logger files"] = [["-m", "not slow", *_test_files(*LOGGER_FILES)]]
+        # A regression project's loggers take the same paths as a classifier's, but for the images
+        # of its test report.
+        files = ("reports",) if key.startswith("task=regression") else LOGGER_FILES
+        PARTS[key, "logger files"] = [["-m", "not slow", *_test_files(*files)]]
 
 
 @pytest.mark.slow
