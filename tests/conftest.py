@@ -45,7 +45,8 @@ def _answers(index: int, task: str, loggers: list[str]) -> dict:
 
 
 # Every logger combination for classification, with licence and Python version rotated so each
-# value appears; then regression, with the default loggers answer (wandb and CSV) and with TensorBoard and CSV.
+# value appears; then regression, with the default loggers answer (wandb and CSV) and with
+# TensorBoard and CSV.
 MATRIX = {
     f"loggers={'+'.join(loggers) or 'none'}": _answers(index, "classification", loggers)
     for index, loggers in enumerate(LOGGER_SETS)

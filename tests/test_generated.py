@@ -170,9 +170,10 @@ def test_a_plain_pytest_runs_the_smoke_suite_and_full_runs_every_test(generated,
 #   classifies in every project); the machinery both tasks share (DDP signals and hangs, memory,
 #   tooling, exact resume with image workers) runs once, in the classification parts;
 # - no logger, and wandb with CSV (the default answer): the fast tests of the files whose code or
-#   outcome depends on the loggers chosen; in a regression project, those of its test report. TensorBoard and CSV, alone or together,
-#   run them in the regression project and beside wandb in the full suite; a single logger other
-#   than wandb takes no path of its own in the project's code (one entry of trainer.logger).
+#   outcome depends on the loggers chosen; in a regression project, those of its test report.
+#   TensorBoard and CSV, alone or together, run them in the regression project and beside wandb
+#   in the full suite; a single logger other than wandb takes no path of its own in the
+#   project's code (one entry of trainer.logger).
 # The other answer sets are generated and checked above.
 FULL = "loggers=wandb+tensorboard+csv"
 FULL_PARTS = {"ddp+user_path": ("ddp", "user_path"), "images+training": ("images", "training")}
