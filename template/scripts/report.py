@@ -1,27 +1,50 @@
-"""Compare the runs in ``experiments.jsonl``: a table of every run and a chart of their metrics.
+"""Compare the runs in ``experiments.jsonl``: a table, a chart of their metrics, their training curves.
 
 Usage:
-    python scripts/report.py                         # experiments.jsonl -> reports/
-    python scripts/report.py --record other.jsonl --output_dir reports/other
+    python scripts/report.py                              # every run -> table, reports/experiments.*
+    python scripts/report.py --dataset DigitsDataModule --since 3d --where lr=0.01 --sort test/acc
+    python scripts/report.py --curves run-a run-b         # -> reports/curves.png
 
-One row per run name: its latest ``fit`` line (model, dataset, seed, the hyper-parameters that
-differ between runs, epochs, the best value of the monitored metric and its epoch, wall time,
-commit) and its latest ``test`` line (the test metrics). Prints the table, and writes
-``experiments.csv`` and ``experiments.png`` (the best validation value and the test metrics of
-every run, losses left out) into ``--output_dir``.
+One row per run name, from its latest ``fit`` line (a resumed run has one per part: ``parts``
+counts them) and its latest ``test`` line. The table fits the terminal: beside the run, its
+status, the best value of the monitored metric and the test metrics, it shows the columns that
+differ between the runs, as many as fit, and names the others in one line below. Writes every
+column to ``experiments.csv`` and charts the best values and test metrics (losses left out) in
+``experiments.png``, both in ``--output_dir``.
+
+``--curves`` draws the train and validation curves of the runs named, from the CSV logger's
+``<runs_dir>/<run>/metrics.csv`` (and ``resumed-*/metrics.csv``, one per resumed part).
+
+In a notebook, ``load`` gives the record as a pandas DataFrame, one row per line, the
+hyper-parameters as columns (nested ones dotted: ``network.dropout``) and the test metrics too::
+
+    load = runpy.run_path("scripts/report.py")["load"]
+    load("experiments.jsonl").query("stage == 'fit'")
 """
 
 import argparse
-import csv
 import json
+import re
+from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+from matplotlib.figure import Figure
+from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-RUN = ("run_name", "model", "dataset", "seed")
-RESULT = ("epochs", "monitor", "best_value", "best_epoch")
+# Columns the table shows in a column of its own (run, status, best), or not at all.
+APART = {"run_name", "status", "parts", "monitor", "best_value", "best_epoch", "time", "stage", "classes"}
+APART |= {"best_checkpoint", "last_checkpoint", "checkpoint", "git_dirty"}  # git_commit ends in +dirty
+FIRST = ("model", "dataset", "seed")
+LAST = ("epochs", "steps", "effective_batch_size", "wall_time_s", "git_commit")
+LOWER_IS_BETTER = ("loss", "error", "mae", "mse")
+RELATIVE = re.compile(r"(\d+(?:\.\d+)?)([mhdw])")
+UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 
 def read_record(path: Path) -> list[dict[str, Any]]:
@@ -38,96 +61,301 @@ def read_record(path: Path) -> list[dict[str, Any]]:
     return lines
 
 
-def compare(lines: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
-    """The table's columns, and one row per run name in the order the runs first appear, from
-    the run's latest fit and latest test."""
-    rows: dict[str, dict[str, Any]] = {}
-    for line in lines:
-        row = rows.setdefault(str(line.get("run_name")), {})
-        if line.get("stage") == "fit":
-            row.update({key: line.get(key) for key in (*RUN, *RESULT, "wall_time_s", "git_commit")})
-            row["hparams"] = _flatten(line.get("hparams") or {})
-        elif line.get("stage") == "test":
-            row.setdefault("run_name", line.get("run_name"))
-            row.update(line.get("test") or {})
-    table = list(rows.values())
-    hparams = sorted({key for row in table for key in row.get("hparams", {})})
-    differing = [
-        key for key in hparams if len({json.dumps(row.get("hparams", {}).get(key)) for row in table}) > 1
-    ]
-    for row in table:
-        row.update({key: row.get("hparams", {}).get(key) for key in differing})
-    tests = sorted({key for row in table for key in row if key.startswith("test/")})
-    return [*RUN, *differing, *RESULT, *tests, "wall_time_s", "git_commit"], table
+def load(record: str | Path = "experiments.jsonl") -> pd.DataFrame:
+    """The record, one row per line: ``hparams`` and ``test`` flattened into columns of their own
+    (``lr``, ``network.dropout``, ``test/acc``) unless a record field has that name already."""
+    frame = pd.json_normalize(read_record(Path(record))).drop(columns="test", errors="ignore")
+    short = {name: name.split(".", 1)[1] for name in frame if name.startswith(("hparams.", "test."))}
+    return frame.rename(columns={name: new for name, new in short.items() if new not in frame})
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat |= _flatten(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+def runs_of(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per fitted run: its latest fit line, with the number of its ``parts``, and its latest
+    test metrics; in the order the runs last wrote a fit line."""
+    fits = frame[frame["stage"] == "fit"]
+    runs = fits.drop_duplicates("run_name", keep="last").set_index("run_name")
+    # A fit line lists the run's parts so far; one from before it did counts the run's fit lines.
+    lines = fits.groupby("run_name").size()
+    listed = runs["parts"] if "parts" in runs else pd.Series(None, runs.index, dtype=object)
+    runs["parts"] = [len(parts) if isinstance(parts, list) else lines[run] for run, parts in listed.items()]
+    tests = [name for name in frame if name.startswith("test/")]
+    runs = runs.drop(columns=tests).join(frame[frame["stage"] == "test"].groupby("run_name")[tests].last())
+    return runs.reset_index()
 
 
-def chart(rows: list[dict[str, Any]], path: Path) -> None:
-    """Grouped horizontal bars: for each run, its best validation value and its test metrics."""
-    from matplotlib.figure import Figure  # imported here: only this script's chart needs it
+def since(text: str) -> datetime:
+    """An ISO date or time (local unless it says otherwise), or a time ago: 30m, 2h, 3d, 1w."""
+    if relative := RELATIVE.fullmatch(text):
+        amount, unit = relative.groups()
+        return datetime.now().astimezone() - timedelta(**{UNITS[unit]: float(amount)})
+    try:
+        return datetime.fromisoformat(text).astimezone()
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither an ISO date or time nor 30m, 2h, 3d or 1w"
+        ) from None
 
-    series: dict[str, list[float]] = {}
-    for index, row in enumerate(rows):
-        values = {f"best {row['monitor']}": row.get("best_value")} if row.get("monitor") else {}
-        values |= {key: value for key, value in row.items() if key.startswith("test/") and "loss" not in key}
-        for name, value in values.items():
-            if value is not None:
-                series.setdefault(name, [float("nan")] * len(rows))[index] = value
-    groups = max(1, len(series))
-    figure = Figure(figsize=(8, 1.5 + 0.3 * len(rows) * groups), layout="constrained")
+
+def condition(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals:
+        raise argparse.ArgumentTypeError(f"{text!r} is not key=value")
+    return key, value
+
+
+def matches(value: Any, wanted: str) -> bool:
+    """Whether a cell holds ``wanted``, read as JSON when it is (0.01, 1, true, null, [64, 32])."""
+    try:
+        parsed = json.loads(wanted)
+    except json.JSONDecodeError:
+        parsed = wanted
+    if parsed is None:
+        return _missing(value)
+    return value == parsed or _text(value) == wanted
+
+
+def best_first(runs: pd.DataFrame, key: str) -> pd.DataFrame:
+    """Lowest first for a loss or an error (best_value: by its monitor's name), highest otherwise."""
+    name = str(runs["monitor"].iloc[0]) if key == "best_value" else key
+    lower_is_better = any(word in name for word in LOWER_IS_BETTER)
+    return runs.sort_values(key, ascending=lower_is_better, na_position="last", kind="stable")
+
+
+def table(runs: pd.DataFrame, console: Console) -> tuple[Table, str]:
+    """The table of the runs, as wide as the console at most, and a line naming what it leaves out:
+    the columns that are the same in every run, with their value, and those with no room left."""
+    monitors = runs["monitor"].dropna().unique()
+    columns = {
+        "run": runs["run_name"].map(str),
+        # A resumed run's parts on a line of their own, so that they widen no column.
+        "status": [
+            f"{status}\n({parts} parts)" if parts > 1 else status
+            for status, parts in zip(runs["status"], runs["parts"], strict=True)
+        ],
+        f"best {'/'.join(monitors)}\n@ epoch": [
+            f"{value:.4f} @ {epoch:.0f}" if not _missing(value) else ""
+            for value, epoch in zip(runs["best_value"], runs["best_epoch"], strict=True)
+        ],
+    }
+    metrics = [name for name in runs if name.startswith("test/")]
+    tests = [name for name in metrics if runs[name].notna().any()]  # of the runs shown
+    hparams = [name for name in runs if name not in {*APART, *FIRST, *LAST, *metrics}]
+    configuration = [name for name in (*FIRST, *hparams, *LAST) if name in runs]
+    cells = {name: runs[name].map(partial(_text, float_format=".4f")) for name in tests}
+    cells |= {name: runs[name].map(_text) for name in configuration}
+    if "git_commit" in cells:
+        cells["git_commit"] = cells["git_commit"].str.replace(r"^(\w{7})\w*", r"\1", regex=True)
+    same = [name for name in configuration if cells[name].nunique() == 1]
+    differing = [name for name in configuration if name not in same]
+    headers = {name: _header(name, max(6, cells[name].str.len().max())) for name in cells}
+    widths = {name: max(*cells[name].str.len(), *map(len, headers[name].splitlines())) for name in cells}
+    unbounded = console.options.update_width(10 * console.width)  # for the width each column wants
+
+    def fits(names: list[str]) -> bool:
+        trial = columns | {headers[name]: cells[name] for name in names}
+        return console.measure(_table(trial), options=unbounded).maximum <= console.width
+
+    # The test metrics first, then as many differing columns as fit: what the runs were given
+    # (model, data, hyper-parameters) before what they took (epochs, time), the narrowest first.
+    chosen: list[str] = []
+    for name in [*tests, *sorted(differing, key=lambda name: (name in LAST, widths[name]))]:
+        if fits([*chosen, name]):
+            chosen.append(name)
+    too_wide = [name for name in [*tests, *differing] if name not in chosen]
+    columns |= {headers[name]: cells[name] for name in [*tests, *differing] if name in chosen}
+    left_out = []
+    if same:
+        left_out.append(
+            "the same in every run: " + ", ".join(f"{name}={cells[name].iloc[0] or None}" for name in same)
+        )
+    if too_wide:
+        left_out.append(f"no room in {console.width} columns: " + ", ".join(too_wide))
+    return _table(columns), f"Not shown, {'; '.join(left_out)}." if left_out else ""
+
+
+def _header(name: str, width: int) -> str:
+    """``name`` broken after its underscores, dots and slashes into lines of about ``width``, so that a
+    long key over short values does not take the room of another column."""
+    lines = [""]
+    for piece in re.split(r"(?<=[_./])", name):
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines.append("")
+        lines[-1] += piece
+    return "\n".join(lines)
+
+
+def _table(columns: dict[str, Any]) -> Table:
+    grid = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
+    for header in columns:
+        grid.add_column(header, overflow="fold")
+    for row in zip(*columns.values(), strict=True):
+        grid.add_row(*map(Text, row))
+    return grid
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and value != value)
+
+
+def _text(value: Any, float_format: str = ".4g") -> str:
+    if _missing(value):
+        return ""
+    return format(value, float_format) if isinstance(value, float) else str(value)
+
+
+def chart(runs: pd.DataFrame, path: Path) -> Figure:
+    """Grouped horizontal bars: each run's best validation value and test metrics, the value axis
+    spanning the values rather than starting at 0, so that 0.93 and 0.98 look apart."""
+    series = {}
+    if runs["monitor"].nunique() == 1:
+        series[f"best {runs['monitor'].iloc[0]}"] = runs["best_value"]
+    series |= {name: runs[name] for name in runs if name.startswith("test/") and "loss" not in name}
+    series = {name: values for name, values in series.items() if values.notna().any()}
+    figure = Figure(figsize=(8, 1.5 + 0.35 * len(runs) * max(1, len(series))), layout="constrained")
     axes = figure.subplots()
-    height = 0.8 / groups
+    height = 0.8 / max(1, len(series))
     for offset, (name, values) in enumerate(series.items()):
-        positions = [index + (offset - (groups - 1) / 2) * height for index in range(len(rows))]
-        axes.barh(positions, values, height, label=name)
-    axes.set_yticks(range(len(rows)), [row["run_name"] for row in rows])
+        positions = [index + (offset - (len(series) - 1) / 2) * height for index in range(len(runs))]
+        bars = axes.barh(positions, values.astype(float), height, label=name)
+        axes.bar_label(bars, fmt="%.4f", padding=2, fontsize=8)
+    values = pd.concat(series.values()).dropna() if series else pd.Series([0.0, 1.0])
+    margin = 0.15 * (values.max() - values.min()) or 0.05 * abs(values.max()) or 1
+    low = values.min() - margin
+    # Room on the right for the bars' labels; no negative axis for metrics that cannot be.
+    axes.set_xlim(max(0.0, low) if values.min() >= 0 else low, values.max() + 2 * margin)
+    axes.set_yticks(range(len(runs)), runs["run_name"].map(str))
     axes.invert_yaxis()
     axes.set(xlabel="value", title="runs in the experiment record")
-    figure.legend(loc="outside lower center", ncols=min(4, groups))
+    if series:
+        figure.legend(loc="outside lower center", ncols=min(4, len(series)))
     figure.savefig(path, dpi=100)
+    return figure
 
 
-def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    """Print the table, write the CSV and the chart; return the rows."""
+def read_metrics(run_dir: Path) -> pd.DataFrame:
+    """A run's CSV-logged metrics, its resumed parts joined in time order: a step logged again
+    after a resume is the later part's."""
+    first = run_dir / "metrics.csv"
+    paths = [path for path in [first, *sorted(run_dir.glob("resumed-*/metrics.csv"))] if path.is_file()]
+    if not paths:
+        raise FileNotFoundError(f"no {first}: the CSV logger writes it (configs/logger/csv.yaml)")
+    metrics = pd.read_csv(paths[0])
+    for path in paths[1:]:
+        part = pd.read_csv(path)
+        if not part.empty:
+            metrics = pd.concat([metrics[metrics["step"] < part["step"].min()], part], ignore_index=True)
+    return metrics
+
+
+def curves(runs: dict[str, pd.DataFrame], path: Path) -> Figure:
+    """One panel per validation metric, a colour per run: validation solid, training dashed (its
+    epoch mean where logged, ``train/loss_epoch``), against the training step."""
+    names = sorted({name[4:] for metrics in runs.values() for name in metrics if name.startswith("val/")})
+    if not names:
+        raise ValueError(f"{', '.join(runs)}: no validation metric logged yet")
+    figure = Figure(figsize=(4.5 * len(names), 4), layout="constrained")
+    for axes, name in zip(figure.subplots(1, len(names), squeeze=False)[0], names, strict=True):
+        for color, (run, metrics) in enumerate(runs.items()):
+            train = f"train/{name}_epoch" if f"train/{name}_epoch" in metrics else f"train/{name}"
+            for column, style, split in ((f"val/{name}", "o-", "val"), (train, "--", "train")):
+                if column in metrics:
+                    points = metrics[["step", column]].dropna()
+                    axes.plot(
+                        points["step"], points[column], style, color=f"C{color}", label=f"{run} {split}"
+                    )
+        axes.set(title=name, xlabel="step")
+        axes.legend(fontsize=8)
+    figure.savefig(path, dpi=100)
+    return figure
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame | None:
+    """Print the table and write the CSV file and the chart, returning the runs; or with
+    ``--curves``, draw the runs' curves."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--record", type=Path, default=Path("experiments.jsonl"))
-    parser.add_argument("--output_dir", type=Path, default=Path("reports"))
+    parser.add_argument(
+        "--record", type=Path, default=Path("experiments.jsonl"), help="the record (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--output_dir", type=Path, default=Path("reports"), help="where the files go (default: %(default)s)"
+    )
+    parser.add_argument("--dataset", help="only the runs on this data module (as in the dataset column)")
+    parser.add_argument(
+        "--since", type=since, help="only the runs fitted since: an ISO date or time, or 30m, 2h, 3d, 1w ago"
+    )
+    parser.add_argument(
+        "--where",
+        type=condition,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="only the runs whose KEY (a column: lr, network.dropout, status, parts ...) is VALUE, read as "
+        "JSON when it is (0.01, true, null, [256, 128]); repeatable",
+    )
+    parser.add_argument(
+        "--sort",
+        metavar="KEY",
+        help="order by KEY, best first: lowest first for a name with loss, error, mae or mse in it "
+        "(best_value: its monitor's name), highest first otherwise",
+    )
+    parser.add_argument(
+        "--curves",
+        nargs="+",
+        metavar="RUN",
+        help="instead of the table, draw the train and validation curves of these runs, from their "
+        "RUNS_DIR/RUN/metrics.csv, into OUTPUT_DIR/curves.png",
+    )
+    parser.add_argument(
+        "--runs_dir",
+        type=Path,
+        default=Path("checkpoints"),
+        help="where --curves finds the runs (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
+
+    if args.curves:
+        try:
+            metrics = {run: read_metrics(args.runs_dir / run) for run in args.curves}
+            args.output_dir.mkdir(parents=True, exist_ok=True)
+            curves(metrics, args.output_dir / "curves.png")
+        except (FileNotFoundError, ValueError) as error:
+            parser.error(str(error))
+        print(f"wrote {args.output_dir / 'curves.png'}")
+        return None
+
     try:
-        names, rows = compare(read_record(args.record))
+        record = load(args.record)
     except (FileNotFoundError, ValueError) as error:
         parser.error(str(error))
+    if "stage" not in record or not (record["stage"] == "fit").any():
+        parser.error(f"{args.record} holds no fit yet: fit a model first")
+    runs = runs_of(record)
+    if args.dataset:
+        runs = runs[runs["dataset"] == args.dataset]
+    if args.since:
+        runs = runs[pd.to_datetime(runs["time"], utc=True) >= args.since]
+    for key, value in args.where:
+        if key not in runs:
+            parser.error(f"--where {key}: no such key; the keys are {', '.join(map(str, runs.columns))}")
+        runs = runs[runs[key].map(partial(matches, wanted=value))]
+    if runs.empty:
+        parser.error(f"no run in {args.record} matches --dataset, --since and --where together")
+    if args.sort:
+        if args.sort not in runs:
+            parser.error(f"--sort {args.sort}: no such key; the keys are {', '.join(map(str, runs.columns))}")
+        runs = best_first(runs, args.sort)
 
-    table = Table(title=f"{len(rows)} runs in {args.record}")
-    for name in names:
-        table.add_column(name, overflow="fold")
-    for row in rows:
-        table.add_row(*(_cell(row.get(name)) for name in names))
-    Console().print(table)
-
+    console = Console()
+    grid, left_out = table(runs, console)
+    console.print(Text(f"{len(runs)} run{'s' * (len(runs) > 1)} in {args.record}", style="bold"))
+    console.print(grid)
+    if left_out:
+        console.print(left_out, markup=False, highlight=False)
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    with (args.output_dir / "experiments.csv").open("w", newline="") as file:
-        writer = csv.DictWriter(file, names, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    chart(rows, args.output_dir / "experiments.png")
+    runs.to_csv(args.output_dir / "experiments.csv", index=False)
+    chart(runs, args.output_dir / "experiments.png")
     print(f"wrote {args.output_dir / 'experiments.csv'} and {args.output_dir / 'experiments.png'}")
-    return rows
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
+    return runs
 
 
 if __name__ == "__main__":
