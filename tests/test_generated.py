@@ -180,7 +180,7 @@ FULL_PARTS = {"ddp+user_path": ("ddp", "user_path"), "images+training": ("images
 FULL_PARTS |= {"own_data+resume+sweep+scripts": ("own_data", "resume", "sweep", "scripts")}
 TASK_PARTS = {
     "user_path+resume+sweep+scripts+own_data": ("user_path", "resume", "sweep", "scripts", "own_data"),
-    "files": ("refused_inputs", "training", "reports", "config", "data", "errors", "export"),
+    "files": ("refused_inputs", "training", "reports", "report_script", "config", "data", "errors", "export"),
 }
 TASK_PARTS["files"] += ("smoke", "lint", "loggers")
 # Tests of those files whose subject is the same in both tasks: torch.compile, DDP launched by

@@ -524,7 +524,7 @@ class CLI(LightningCLI):
     def after_fit(self) -> None:
         if self._end_run():
             parameters = sum(parameter.numel() for parameter in self.model.parameters())
-            print(fit_summary(self._callback(ExperimentRecord).lines["fit"], __package__, parameters))
+            print(fit_summary(self._callback(ExperimentRecord).last_line("fit"), __package__, parameters))
 
     def after_validate(self) -> None:
         self._print_evaluation("validate", "val/")

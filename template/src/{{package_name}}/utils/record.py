@@ -55,8 +55,8 @@ class ExperimentRecord(Callback):
     A fit stopped by SIGTERM or Ctrl-C writes its line too, with ``status`` ``interrupted``
     instead of ``finished``. A run resumed after an interruption is trained in parts, one a
     process: each checkpoint carries the parts so far, and a fit's line lists them (``parts``:
-    when each started and its time) with ``wall_time_s`` their total. ``lines`` holds the last
-    line written of each stage, for the summary the command ends with.
+    when each started and its time) with ``wall_time_s`` their total. ``last_line`` gives the
+    line of a stage, for the summary the command ends with.
     """
 
     def __init__(self, path: str | Path, summary: dict[str, Any]) -> None:
@@ -137,3 +137,12 @@ class ExperimentRecord(Callback):
         with self.path.open("a") as file:
             file.write(json.dumps(line, default=str) + "\n")
         self.lines[fields["stage"]] = line
+
+    def last_line(self, stage: str) -> dict[str, Any]:
+        """The line this process wrote last for ``stage``, or, where another process wrote it
+        (ddp_spawn's rank 0), the record's last line of that stage for this run."""
+        if stage not in self.lines:
+            lines = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+            run = (stage, self.summary["run_name"])
+            self.lines[stage] = [line for line in lines if (line["stage"], line["run_name"]) == run][-1]
+        return self.lines[stage]
