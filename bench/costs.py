@@ -19,6 +19,7 @@ import time
 
 from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loops import fit_loop, training_epoch_loop
 
 totals: dict[str, float] = collections.defaultdict(float)
@@ -66,6 +67,8 @@ def main() -> None:
     timed(TQDMProgressBar, "on_train_epoch_start", "progress bar: on_train_epoch_start")
     timed(TQDMProgressBar, "on_train_epoch_end", "progress bar: on_train_epoch_end")
     timed(tracking.WandbLogger, "log_metrics", "WandbLogger.log_metrics (a line to its process)")
+    timed(CSVLogger, "log_metrics", "CSVLogger.log_metrics (kept in memory)")
+    timed(CSVLogger, "save", "CSVLogger.save (writes metrics.csv)")
 
     importlib.import_module(f"{args.package}.cli").main(args.cli_args)
     print(f"\n{'total ms':>10s} {'calls':>6s} {'ms/call':>8s}  function")
