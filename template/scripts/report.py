@@ -219,7 +219,8 @@ def chart(runs: pd.DataFrame, path: Path) -> Figure:
         bars = axes.barh(positions, values.astype(float), height, label=name)
         axes.bar_label(bars, fmt="%.4f", padding=2, fontsize=8)
     values = pd.concat(series.values()).dropna() if series else pd.Series([0.0, 1.0])
-    margin = 0.15 * (values.max() - values.min()) or 0.05 * abs(values.max()) or 1
+    # At least 2% of the values' size, so that differences in the fifth decimal do not look large.
+    margin = max(0.15 * (values.max() - values.min()), 0.02 * abs(values.max())) or 1
     low = values.min() - margin
     # Room on the right for the bars' labels; no negative axis for metrics that cannot be.
     axes.set_xlim(max(0.0, low) if values.min() >= 0 else low, values.max() + 2 * margin)

@@ -8,6 +8,7 @@ default; the rules are in ``utils/runs.py``): checkpoints, logger files and the 
 ``<subcommand>-<time>/`` inside the directory of the run that made it.
 """
 
+import difflib
 import errno
 import importlib
 import inspect
@@ -202,6 +203,47 @@ def _set_size(settings: Namespace, key: str, size: int | None, what: str) -> Non
             f"The data has {size} {what} but {key} is {settings[name]}; "
             "leave it unset to take it from the data"
         )
+
+
+def _mistyped_option(message: str) -> str:
+    """jsonargparse's report of an option that a model's or data module's class does not take, as
+    one line naming the key and the class's nearest options; any other message as it is."""
+    option = re.search(r"Option '(\w+)' is not accepted", message)
+    key = re.match(r'Parser key "([\w.]+)"', message)
+    classes = re.findall(r"class_path '([\w.]+)'", message[: option.start()]) if option else []
+    owner = _class_at(classes[-1]) if classes else None
+    if not (option and key and isinstance(owner, type)):
+        return message
+    nested = re.search(r"NestedArg\(key='([\w.]+)'", message)
+    full_key = f"{key[1]}.init_args.{nested[1] if nested else option[1]}"
+    names = _options(owner)
+    nearest = difflib.get_close_matches(option[1], names)
+    hint = f"did you mean {' or '.join(nearest)}?" if nearest else f"it takes {', '.join(names)}"
+    return f"{full_key}: {owner.__name__} takes no {option[1]!r}; {hint}"
+
+
+def _options(owner: type) -> list[str]:
+    """The arguments of a class, with those its base classes take through ``**kwargs``."""
+    names: dict[str, None] = {}
+    variable = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    for klass in owner.__mro__:
+        if "__init__" in vars(klass) and not klass.__module__.startswith(("lightning", "torch", "builtins")):
+            for parameter in inspect.signature(klass.__init__).parameters.values():
+                if parameter.name != "self" and parameter.kind not in variable:
+                    names[parameter.name] = None
+    return list(names)
+
+
+class Parser(LightningArgumentParser):
+    """Short refusals: one line of usage (``--help`` lists the options) and a mistyped option of a
+    class in one line."""
+
+    def print_usage(self, file: Any = None) -> None:
+        print(f"usage: {self.prog.replace(' [options]', '')} [options]", file=file)
+
+    def error(self, message: str, ex: Exception | None = None) -> Any:
+        # Only the parser that prints rewrites the message; the nested ones' are inside it.
+        return super().error(_mistyped_option(message) if self.exit_on_error else message, ex)
 
 
 class CLI(LightningCLI):
@@ -541,7 +583,7 @@ class CLI(LightningCLI):
 
     def after_predict(self) -> None:
         if self._end_run():
-            print(predict_summary(self._callback(PredictionWriter).written))
+            print(predict_summary(self.trainer.ckpt_path, self._callback(PredictionWriter).written))
 
     def _summary(self, config: Namespace) -> dict[str, Any]:
         """What the experiment record says about the run besides its results."""
@@ -603,12 +645,13 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
             parser_kwargs=parser_kwargs,
             save_config_kwargs={"overwrite": False},
             auto_configure_optimizers=False,
+            parser_class=Parser,
         )
         failed = False
         return cli
     except ConfigError as error:
         sys.exit(f"error: {error}")
-    except FloatingPointError as error:
+    except (FloatingPointError, MisconfigurationException) as error:
         sys.exit(f"error: {error}")
     except OSError as error:
         if error.errno != errno.ENOSPC:

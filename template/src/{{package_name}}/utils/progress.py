@@ -28,6 +28,12 @@ class ProgressBar(TQDMProgressBar):
         self._next_draw = now + self.interval
         return True
 
+    def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict:
+        # Lightning shows the logger's version as v_num: for wandb, the end of a random run id.
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return metrics
+
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Reading the metrics at an epoch's end computes the values logged with sync_dist, a
         # collective operation every DDP process must join. Only rank 0 draws the bar, so every

@@ -64,7 +64,8 @@ def evaluation_summary(stage: str, checkpoint: str | None, metrics: dict[str, An
     return "\n".join([f"{stage.capitalize()}{of}:", *_rows({**values, "outputs": f"{shown(output_dir)}/"})])
 
 
-def predict_summary(files: list[tuple[Path, int]]) -> str:
-    """The end of a predict: each file written and its number of rows."""
+def predict_summary(checkpoint: str | None, files: list[tuple[Path, int]]) -> str:
+    """The end of a predict: the checkpoint, each file written and its number of rows."""
+    of = f" of {shown(checkpoint)}" if checkpoint else ""
     rows = {shown(path): f"{count:,} rows" for path, count in files}
-    return "\n".join(["Predictions:", *_rows(rows)])
+    return "\n".join([f"Predictions{of}:", *_rows(rows)])
