@@ -53,7 +53,8 @@ class ExperimentRecord(Callback):
     classifier's lines also hold its ``classes``, the class names by class index. ``summary``
     carries what the CLI knows of the run: name, model, dataset, seed and key hyper-parameters.
     A fit stopped by SIGTERM or Ctrl-C writes its line too, with ``status`` ``interrupted``
-    instead of ``finished``. A run resumed after an interruption is trained in parts, one a
+    instead of ``finished``; a sweep's trial stopped by its pruner has ``pruned``. A run
+    resumed after an interruption is trained in parts, one a
     process: each checkpoint carries the parts so far, and a fit's line lists them (``parts``:
     when each started and its time) with ``wall_time_s`` their total. ``last_line`` gives the
     line of a stage, for the summary the command ends with.
@@ -85,7 +86,9 @@ class ExperimentRecord(Callback):
         self._earlier_parts = state_dict.get("parts", earlier)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._write_fit(trainer, pl_module, "finished")
+        # A trial of a sweep that its pruner stopped early (utils/sweep_trial.py).
+        pruned = any(getattr(callback, "pruned", False) for callback in trainer.callbacks)
+        self._write_fit(trainer, pl_module, "pruned" if pruned else "finished")
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if isinstance(exception, SIGTERMException) and trainer.state.fn == "fit":

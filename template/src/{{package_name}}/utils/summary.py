@@ -50,7 +50,8 @@ def fit_summary(line: dict[str, Any], package: str, parameters: int) -> str:
         "last checkpoint": shown(line["last_checkpoint"]) if line["last_checkpoint"] else None,
         "time": f"{time}, {line['epochs']} epochs, {line['steps']} steps",
     }
-    lines = [f"Run {line['run_name']} finished.", *_rows(rows)]
+    ended = "pruned: stopped early by the sweep's pruner" if line["status"] == "pruned" else "finished"
+    lines = [f"Run {line['run_name']} {ended}.", *_rows(rows)]
     if best or line["last_checkpoint"]:
         test = ["python", "-m", package, "test", "--ckpt_path", shown(best or line["last_checkpoint"])]
         lines += ["Test it:", f"  {shlex.join(test)}"]
