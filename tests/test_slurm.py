@@ -5,6 +5,7 @@ A job is requeued the way a time limit does it (USR1 to the batch script, which 
 two-process DDP training resumes from last.ckpt to the same weights as a job never interrupted.
 Its scontrol is slowed down, so that the requeue's SIGTERM always finds it still running and the
 training ends while the batch script handles USR1.
+A sweep runs as a job array whose two tasks are workers of one Optuna study, on its journal file.
 Needs root and Debian's slurmctld, slurmd, slurm-client and munge; `.ci/run` installs them and
 sets REQUIRE_SLURM=1, which turns a missing Slurm from a skip into a failure.
 """
@@ -20,8 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+import optuna
 import pytest
 import torch
+import yaml
 from conftest import copy_template, install
 
 pytestmark = pytest.mark.slow
@@ -284,3 +287,61 @@ def test_requeued_job_resumes_to_the_weights_of_an_uninterrupted_one(slurm, proj
     assert expected.keys() == resumed.keys()
     assert all(torch.equal(expected[name], resumed[name]) for name in expected)
     assert 0 < stopped_at < _step(reference_run / "last.ckpt") == _step(run / "last.ckpt")
+
+
+def _array_states(job_id: str, env: dict) -> list[str]:
+    """The state of each task of a job array (one line each in `scontrol show job`)."""
+    shown = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=COMMAND_TIMEOUT,
+    )
+    return [field.split("=", 1)[1] for field in shown.stdout.split() if field.startswith("JobState=")]
+
+
+def test_a_sweep_array_runs_its_tasks_as_workers_of_one_study(slurm, project):
+    shipped = yaml.safe_load((project / "configs" / "sweep" / "lr_dropout.yaml").read_text())
+    sweep = {**shipped, "name": "array", "trials": 4, "startup_trials": 2}
+    (project / "configs" / "sweep" / "array.yaml").write_text(yaml.safe_dump(sweep))
+    job = _submit_array(project, slurm)
+
+    def ended() -> bool:
+        states = _array_states(job, slurm)
+        return len(states) == 2 and not {"PENDING", "RUNNING", "COMPLETING"} & set(states)
+
+    _wait_for(ended, "the array's two tasks", timeout=600)
+    outputs = "".join(
+        (project / "checkpoints" / f"slurm-{job}_{task}.out").read_text()[-3000:] for task in (0, 1)
+    )
+    assert _array_states(job, slurm) == ["COMPLETED", "COMPLETED"], outputs
+
+    journal = optuna.storages.journal.JournalFileBackend(str(project / "sweeps" / "array.journal"))
+    study = optuna.load_study(study_name="array", storage=optuna.storages.JournalStorage(journal))
+    finished = study.get_trials(states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
+    assert len(finished) == len(study.trials) == 4, outputs
+    assert len({json.dumps(trial.params, sort_keys=True) for trial in finished}) == 4
+    workers = {trial.user_attrs["worker"]["slurm"] for trial in finished}
+    assert workers == {f"{job}_0", f"{job}_1"}, workers  # both tasks ran trials
+    records = [json.loads(line) for line in (project / "experiments.jsonl").read_text().splitlines()]
+    lines = {line["run_name"]: line for line in records if line["run_name"].startswith("array-")}
+    assert sorted(lines) == sorted(trial.user_attrs["run_name"] for trial in finished)
+    assert lines[study.best_trial.user_attrs["run_name"]]["best_value"] == study.best_value
+
+
+def _submit_array(project: Path, env: dict) -> str:
+    submitted = subprocess.run(
+        [
+            *["sbatch", "--parsable", "--array=0-1", "--cpus-per-task=1", "--gpus-per-node=0"],
+            *["scripts/slurm/sweep.sbatch", "configs/sweep/array.yaml"],
+            *["--", "--trainer.max_epochs=3", "--data.subset=400", "--trainer.enable_progress_bar=false"],
+        ],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    return submitted.stdout.strip().split(";")[0]
