@@ -37,7 +37,7 @@ class SweepTrial(Callback):
         monitor: str,
         pruner: Literal["median", "none"] = "median",
         startup_trials: int = 4,
-        warmup_epochs: int = 1,
+        warmup_epochs: int = 3,
     ) -> None:
         self.monitor = monitor
         self.pruned = False  # the experiment record reads it
