@@ -185,7 +185,8 @@ TASK_PARTS = {
 TASK_PARTS["files"] += ("smoke", "lint", "loggers")
 # Tests of those files whose subject is the same in both tasks: torch.compile, DDP launched by
 # Lightning's other two launchers (the ddp_cpu.yaml preset runs in both), and the signals and save
-# points of a resume other than a SIGKILL mid-epoch (which runs in both, on the user's path and not).
+# points of a resume other than a SIGKILL mid-epoch (which runs in both, on the user's path and not),
+# and the sweep's two workers and its stop after three failures (the killed sweep runs in both).
 ONCE = (
     "test_training.py::test_compiled_network_trains_and_saves_plain_weight_names",
     "test_user_path.py::test_ddp_on_two_cpu_processes[ddp]",
@@ -193,6 +194,8 @@ ONCE = (
     "test_user_path.py::test_a_run_interrupted_mid_epoch_resumes_to_the_same_weights[SIGKILL-0-11-8]",
     "test_user_path.py::test_a_run_interrupted_mid_epoch_resumes_to_the_same_weights[SIGTERM-0-19-19]",
     "test_user_path.py::test_a_run_interrupted_mid_epoch_resumes_to_the_same_weights[SIGINT-0-11-11]",
+    "test_sweep.py::test_two_workers_share_one_study_to_its_budget",
+    "test_sweep.py::test_trials_that_fail_by_themselves_stop_the_worker_after_three",
 )
 LOGGER_FILES = ("loggers", "reports", "config", "smoke", "lint", "memory", "sweep")
 
