@@ -279,6 +279,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         if archive:
             _check_archive(path)
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=archive)
+        if archive:
+            _check_record_sizes(path, checkpoint)
     except Exception as error:
         # torch's own message can span many lines, with terminal colour codes: its first line.
         reason = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()[0]
@@ -301,6 +303,38 @@ def _check_archive(path: Path) -> None:
         broken = archive.testzip()
     if broken is not None:
         raise ValueError(f"its record {broken} does not match its checksum")
+
+
+def _check_record_sizes(path: Path, checkpoint: Any) -> None:
+    """Check that the tensor records of a zip-format checkpoint hold the bytes its tensors need.
+
+    A memory-mapped load takes each tensor's bytes from where its record starts, without checking
+    the record's length: a record cut short, its checksum rewritten, would load the bytes of the
+    records after it, and only the Trainer's own load, later, would fail.
+    """
+    storages: dict[int, int] = {}
+
+    def collect(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(value, dict):
+            for item in value.values():
+                collect(item)
+        elif isinstance(value, list | tuple | set):
+            for item in value:
+                collect(item)
+
+    collect(checkpoint)
+    with zipfile.ZipFile(path) as archive:
+        records = archive.infolist()
+    held = [record.file_size for record in records if re.search(r"/data/\d+$", record.filename)]
+    needed = [size for size in storages.values() if size]
+    if sorted(needed) != sorted(size for size in held if size):
+        raise ValueError(
+            f"its tensor records hold {sum(held)} bytes, but its tensors need {sum(needed)}: a record "
+            "was cut short or padded"
+        )
 
 
 def load_weights(model: LightningModule, path: str | Path) -> None:
