@@ -2,6 +2,8 @@
 # make test: set up and run the template's test suite, in $(WORKERS) processes (pytest-xdist).
 # make bench: set up, then time the generated project's training against a hand-written loop.
 # make docs: build the documentation site into site/ (any warning fails).
+# make release-check: fail if copier.yml, template/ or migrations/ changed since the newest release
+#   (users would not get the change); make test-fast only warns of it.
 # make tags: tag each release commit that CHANGELOG.md names as vX.Y.Z (annotated), for Copier;
 #   running it again changes nothing, and it never moves a tag. Needs only git and sh.
 PYTHON ?= python3
@@ -13,7 +15,7 @@ TORCH ?= torch==2.14.1 torchvision==0.29.1
 # Test processes: a generated project's training uses about one core, so two fill this machine's two.
 WORKERS ?= 2
 
-.PHONY: setup test test-fast demo docs bench lint tags clean
+.PHONY: setup test test-fast release-check demo docs bench lint tags clean
 
 setup: $(VENV)/.installed
 
@@ -27,7 +29,11 @@ test: setup
 	$(BIN)/python -m pytest tests -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-fast: setup
-	$(BIN)/python -m pytest tests -m "not slow" -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
+	@$(BIN)/python tests/release.py --warn
+	$(BIN)/python -m pytest tests -m "not slow and not release" -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
+
+release-check:
+	@$(PYTHON) tests/release.py
 
 demo: setup
 	rm -rf demo

@@ -1,10 +1,12 @@
-"""`copier update` from every earlier release to this version, on a project with real user edits.
+"""`copier update` from every earlier release to the newest, on a project with real user edits.
 
 The template's history is rebuilt in a temporary repository: each release listed in CHANGELOG.md
-as the tree of its commit, tagged, then the working tree on top. A project is copied at each
-earlier release, edited as a user would, committed, and updated to the working tree. Another is
-trained at each earlier release before it is updated, and the new code resumes, tests, predicts
-with and starts a new run from the checkpoints the old code wrote.
+as the tree of its commit, tagged. A working tree that differs from the newest release is the next
+release, committed on top and tagged with the version of CHANGELOG.md's unreleased section. A
+project is copied at each earlier release, edited as a user would, committed, and updated as the
+user updates, to the newest tag (`copier update --defaults --trust`). Another is trained at each
+earlier release before it is edited and updated, and the new code tests, predicts with, resumes
+and starts a new run from the checkpoints the old code wrote.
 """
 
 import csv
@@ -25,6 +27,8 @@ import torch
 import yaml
 from conftest import ROOT, run_python
 from copier.errors import UnsafeTemplateError
+from pathspec import GitIgnoreSpec
+from release import changed_since, released, releases, version
 
 # Identity for the commits these tests make in generated projects (and Copier's own).
 for _variable, _value in {"GIT_AUTHOR_NAME": "CI", "GIT_COMMITTER_NAME": "CI"}.items():
@@ -38,22 +42,12 @@ ANSWERS = {
     "author_email": "ada@example.com",
     "loggers": ["csv"],
 }
-RELEASE = re.compile(r"^## (v\d+\.\d+\.\d+) \((?:commit ([0-9a-f]{7,40})|unreleased)\)", re.MULTILINE)
 CONFLICT = re.compile(r"^(<{7}|>{7}|={7})( |$)", re.MULTILINE)
 
 
 def git(cwd: Path, *args: str) -> str:
     command = ["git", *args]
     return subprocess.run(command, cwd=cwd, check=True, capture_output=True, text=True, timeout=120).stdout
-
-
-def releases() -> list[tuple[str, str]]:
-    """(tag, commit) of every release in CHANGELOG.md, oldest first; the commit is "" if unreleased."""
-    return sorted(RELEASE.findall((ROOT / "CHANGELOG.md").read_text()), key=lambda r: _version(r[0]))
-
-
-def _version(tag: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in tag[1:].split("."))
 
 
 def _replace_tree(repo: Path, files: dict[str, bytes]) -> None:
@@ -77,8 +71,12 @@ def _working_tree() -> dict[str, bytes]:
     return {name: (ROOT / name).read_bytes() for name in names if name and (ROOT / name).is_file()}
 
 
-RELEASED = [(tag, commit) for tag, commit in releases() if commit]
+RELEASED = released()
 UNRELEASED = [tag for tag, commit in releases() if not commit]
+# The working tree is the newest release, or the next one: what every update goes to.
+CURRENT = not changed_since(RELEASED[-1][1])
+EARLIER = RELEASED[:-1] if CURRENT else RELEASED
+NEWEST = RELEASED[-1][0] if CURRENT else (UNRELEASED or ["(untagged)"])[0]
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +92,12 @@ def template_repo(tmp_path_factory) -> Path:
         git(repo, "add", "--all", "--force")
         git(repo, "commit", "--quiet", "--allow-empty", "-m", tag)
         git(repo, "tag", tag)
-    # The working tree is the next release while CHANGELOG.md calls it unreleased.
-    _replace_tree(repo, _working_tree())
-    git(repo, "add", "--all", "--force")
-    git(repo, "commit", "--quiet", "--allow-empty", "-m", "this version")
-    if UNRELEASED:
+    if not CURRENT:
+        if not UNRELEASED:
+            pytest.fail(f"the template changed since {RELEASED[-1][0]}; CHANGELOG.md names no next release")
+        _replace_tree(repo, _working_tree())
+        git(repo, "add", "--all", "--force")
+        git(repo, "commit", "--quiet", "--allow-empty", "-m", "the next release")
         git(repo, "tag", UNRELEASED[0])
     return repo
 
@@ -106,7 +105,7 @@ def template_repo(tmp_path_factory) -> Path:
 PACKAGE = "upgraded"
 MLP = f"src/{PACKAGE}/models/mlp.py"
 USER_OWNED = [
-    "README.md",
+    "/README.md",
     MLP,
     f"src/{PACKAGE}/models/convnet.py",
     f"src/{PACKAGE}/data/digits.py",
@@ -171,13 +170,25 @@ def commit_all(project: Path, message: str) -> None:
 
 
 def update(project: Path, **options) -> None:
-    copier.run_update(
-        str(project), defaults=True, overwrite=True, quiet=True, conflict="inline", vcs_ref="HEAD", **options
-    )
+    """`copier update --defaults` as a user runs it: to the newest tag, conflicts inline."""
+    copier.run_update(str(project), defaults=True, overwrite=True, quiet=True, conflict="inline", **options)
+
+
+CLASSIFIER = f"src/{PACKAGE}/models/classifier.py"
+# A metric the user adds to the template's Classifier, after a line that every release has.
+F1_LINE = '                "f1": MulticlassF1Score(num_classes, average="macro"),\n'
+USER_METRIC = '                "balanced_acc": MulticlassAccuracy(num_classes, average="macro"),\n'
 
 
 def edit_like_a_user(project: Path) -> dict[str, str]:
-    """Make the edits a user makes in the first weeks; return what each edited file must contain."""
+    """Make the edits a user makes in the first weeks; return what each edited file must contain.
+
+    A new model and experiment, edits to the user's own model (``mlp.py``), experiment config and
+    README, and to two of the template's files: a dependency in ``pyproject.toml`` and a metric in
+    ``models/classifier.py``, which every release since has rewritten around it.
+    """
+    (experiment,) = (project / "configs" / "experiment").glob("*.yaml")  # its name depends on the release
+    experiment.write_text(experiment.read_text().replace("max_epochs: 60", "max_epochs: 45"))
     package = project / "src" / PACKAGE
     (package / "models" / "cnn.py").write_text(CNN)
     (project / "configs" / "experiment" / "cnn.yaml").write_text(CNN_EXPERIMENT)
@@ -189,14 +200,47 @@ def edit_like_a_user(project: Path) -> dict[str, str]:
     )
     readme = project / "README.md"
     readme.write_text(readme.read_text() + NOTES)
-    commit_all(project, "our model, experiment, dependency and notes")
+    classifier = project / CLASSIFIER
+    assert F1_LINE in classifier.read_text()
+    classifier.write_text(classifier.read_text().replace(F1_LINE, F1_LINE + USER_METRIC))
+    commit_all(project, "our model, experiment, dependency, notes and metric")
     return {
         f"src/{PACKAGE}/models/cnn.py": CNN,
         "configs/experiment/cnn.yaml": CNN_EXPERIMENT,
+        "configs/experiment/large_batch.yaml": "max_epochs: 45",  # renamed from long_cosine.yaml
         MLP: "dropout: float = 0.25",
         "pyproject.toml": '"pyyaml>=6",',
         "README.md": NOTES,
+        CLASSIFIER: "balanced_acc",
     }
+
+
+def side(text: str, kept: str) -> str:
+    """``text`` with each inline conflict replaced by one of its sides: ``before`` (the user's
+    version) or ``after`` (the template's new version)."""
+    lines, keep = [], True
+    for line in text.splitlines(keepends=True):
+        if line.startswith("<<<<<<< before updating"):
+            keep = kept == "before"
+        elif line.startswith("=======") and line.strip() == "=======":
+            keep = kept == "after"
+        elif line.startswith(">>>>>>> after updating"):
+            keep = True
+        elif keep:
+            lines.append(line)
+    return "".join(lines)
+
+
+def resolve_like_a_user(project: Path) -> str:
+    """Resolve the classifier's conflict as GUIDE.md says: the template's new version, with the
+    user's metric added to it again; return the file as the update left it."""
+    classifier = project / CLASSIFIER
+    conflicted = classifier.read_text()
+    template = side(conflicted, "after")
+    new_f1_line = next(line for line in template.splitlines(keepends=True) if '"f1": ' in line)
+    metric = USER_METRIC.replace('average="macro")', 'average="macro", validate_args=False)')
+    classifier.write_text(template.replace(new_f1_line, new_f1_line + metric))
+    return conflicted
 
 
 def files(project: Path) -> dict[str, bytes]:
@@ -213,15 +257,22 @@ def differing(project: Path, fresh: dict[str, bytes]) -> list[str]:
     return sorted(name for name in mine.keys() | fresh.keys() if mine.get(name) != fresh.get(name))
 
 
+def conflicted(project: Path) -> list[str]:
+    """The files with conflict markers, and the ``.rej`` files."""
+    return sorted(
+        name
+        for name, content in files(project).items()
+        if name.endswith(".rej") or CONFLICT.search(content.decode(errors="replace"))
+    )
+
+
 def assert_clean_merge(project: Path) -> None:
-    for name, content in files(project).items():
-        assert not name.endswith(".rej"), name
-        assert not CONFLICT.search(content.decode(errors="replace")), name
+    assert conflicted(project) == []
 
 
 def test_changelog_lists_the_releases_with_upgrade_notes():
     tags = [tag for tag, _ in releases()]
-    assert tags[:2] == ["v0.1.0", "v0.2.0"]
+    assert tags[:3] == ["v0.1.0", "v0.2.0", "v0.3.0"]
     assert len(UNRELEASED) <= 1 and (not UNRELEASED or UNRELEASED[0] == tags[-1])
     changelog = (ROOT / "CHANGELOG.md").read_text()
     for tag in tags:
@@ -229,22 +280,47 @@ def test_changelog_lists_the_releases_with_upgrade_notes():
         assert "Upgrade notes:" in notes, tag
 
 
-@pytest.fixture(scope="module", params=[tag for tag, _ in RELEASED])
-def updated(request, template_repo, tmp_path_factory):
-    """A project copied at each earlier release, edited, and updated to this version."""
+class Updated(NamedTuple):
+    project: Path
+    expected: dict[str, str]  # what each file the user edited must contain
+    conflicted: list[str]  # the files with conflict markers that the update left
+    classifier: str  # models/classifier.py as the update left it
+
+
+@pytest.fixture(scope="module", params=[tag for tag, _ in EARLIER])
+def updated(request, template_repo, tmp_path_factory) -> Updated:
+    """A project copied at each earlier release, edited, updated to the newest and resolved."""
     project = copy_at(template_repo, request.param, tmp_path_factory.mktemp("updated") / "upgraded")
     expected = edit_like_a_user(project)
     update(project, unsafe=True)
-    return project, expected
+    left = conflicted(project)
+    return Updated(project, expected, left, resolve_like_a_user(project))
 
 
-def test_update_keeps_every_user_edit_and_leaves_no_conflict(updated):
-    project, expected = updated
-    assert_clean_merge(project)
-    for name, content in expected.items():
-        assert content in (project / name).read_text(), name
+def test_update_conflicts_only_where_the_template_and_the_user_changed_the_same_lines(updated):
+    # Not in a file of the user's, nor in pyproject.toml, where the template adds lines away from
+    # the user's: only in the classifier, whose metrics the template rewrote around the user's.
+    assert updated.conflicted == [CLASSIFIER]
+    assert updated.classifier.count("<<<<<<< before updating") == 1
+    users, templates = updated.classifier.split("\n=======\n")
+    assert USER_METRIC in users.split("<<<<<<< before updating\n")[1]
+    assert "balanced_acc" not in templates.split(">>>>>>> after updating")[0]
+
+
+def test_the_template_side_of_the_conflict_is_the_new_release(updated, template_repo, tmp_path):
+    # Around the conflict, the update brought the template's new version of every line.
+    fresh = copy_at(template_repo, "HEAD", tmp_path / "upgraded")
+    assert side(updated.classifier, "after") == (fresh / CLASSIFIER).read_text()
+    mine = git(updated.project, "show", f"HEAD:{CLASSIFIER}")  # the user's edited version
+    assert USER_METRIC in side(updated.classifier, "before") and USER_METRIC in mine
+
+
+def test_update_keeps_every_user_edit(updated):
+    for name, content in updated.expected.items():
+        assert content in (updated.project / name).read_text(), name
     # The image pipeline is added beside the user's own models/cnn.py, which is kept.
-    assert [name for name in IMAGE_PIPELINE if not (project / name).is_file()] == []
+    assert [name for name in IMAGE_PIPELINE if not (updated.project / name).is_file()] == []
+    assert_clean_merge(updated.project)
 
 
 def test_the_tests_know_which_files_are_the_users():
@@ -252,45 +328,77 @@ def test_the_tests_know_which_files_are_the_users():
     assert [pattern.replace("{{ package_name }}", PACKAGE) for pattern in patterns] == USER_OWNED
 
 
+# What each pattern of _skip_if_exists must match in a fresh copy, by task, and nothing else:
+# a pattern without a slash matches at every depth, as in .gitignore.
+OWNED_FILES = {
+    "classification": {
+        "/README.md": ["README.md"],
+        MLP: [MLP],
+        f"src/{PACKAGE}/models/convnet.py": [f"src/{PACKAGE}/models/convnet.py"],
+        f"src/{PACKAGE}/data/digits.py": [f"src/{PACKAGE}/data/digits.py"],
+        "configs/experiment/*.yaml": ["configs/experiment/large_batch.yaml"],
+        "configs/model/*.yaml": ["configs/model/cnn.yaml", "configs/model/mlp_wide.yaml"],
+        "configs/data/digits.yaml": ["configs/data/digits.yaml"],
+    },
+    "regression": {
+        f"src/{PACKAGE}/data/diabetes.py": [f"src/{PACKAGE}/data/diabetes.py"],
+        "configs/data/diabetes.yaml": ["configs/data/diabetes.yaml"],
+    },
+}
+
+
+@pytest.mark.parametrize("task", OWNED_FILES)
+def test_each_user_file_pattern_matches_only_the_files_it_means(template_repo, tmp_path, task):
+    project = files(copy_at(template_repo, "HEAD", tmp_path / "upgraded", task=task))
+    for pattern in USER_OWNED:
+        matched = [name for name in sorted(project) if GitIgnoreSpec.from_lines([pattern]).match_file(name)]
+        expected = OWNED_FILES[task].get(pattern, OWNED_FILES["classification"].get(pattern, []))
+        if task == "regression" and "digits" in pattern:
+            expected = []
+        assert matched == expected, pattern
+    assert "data/README.md" in project and "configs/logger/README.md" in project  # the template's
+
+
 def test_updated_files_equal_a_fresh_copy_but_for_the_users_edits(updated, template_repo, tmp_path):
     # The user's own files included: those the user never edited are refreshed by a migration.
-    project, expected = updated
     fresh = files(copy_at(template_repo, "HEAD", tmp_path / "upgraded"))
-    assert differing(project, fresh) == sorted(expected)
+    assert differing(updated.project, fresh) == sorted(updated.expected)
 
 
 def test_a_user_file_the_user_edited_keeps_exactly_the_users_version(updated):
-    project, _ = updated
-    edits = git(project, "rev-list", "--reverse", "HEAD").split()[1]  # after "copied from the template"
+    edits = git(updated.project, "rev-list", "--reverse", "HEAD").split()[1]  # after the copy
     for name in (MLP, "README.md"):
-        assert (project / name).read_text() == git(project, "show", f"{edits}:{name}"), name
+        assert (updated.project / name).read_text() == git(updated.project, "show", f"{edits}:{name}"), name
 
 
-@pytest.mark.parametrize("release", [tag for tag, _ in RELEASED])
+@pytest.mark.parametrize("release", [tag for tag, _ in EARLIER])
 def test_a_user_file_the_user_never_edited_is_refreshed(template_repo, tmp_path, release):
     project = copy_at(template_repo, release, tmp_path / "upgraded")
     before = files(project)
     update(project, unsafe=True)
     assert_clean_merge(project)
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == NEWEST
     fresh = files(copy_at(template_repo, "HEAD", tmp_path / "fresh" / "upgraded"))
     assert differing(project, fresh) == []
-    if release == RELEASED[0][0]:  # the template has changed both since: the test checks something
+    # The template has changed these since: the test checks something.
+    assert before["data/README.md"] != fresh["data/README.md"]
+    if release == EARLIER[0][0]:
         assert before[MLP] != fresh[MLP] and before["README.md"] != fresh["README.md"]
-    if _version(release) < (0, 3, 0):  # the update adds the image pipeline, as a fresh copy has it
+    if version(release) < (0, 3, 0):  # the update adds the image pipeline, as a fresh copy has it
         assert [name for name in IMAGE_PIPELINE if name in before] == []
         assert [name for name in IMAGE_PIPELINE if name not in files(project)] == []
 
 
 def test_the_first_release_answers_are_kept(updated):
-    answers = yaml.safe_load((updated[0] / ".copier-answers.yml").read_text())
+    answers = yaml.safe_load((updated.project / ".copier-answers.yml").read_text())
     assert {key: answers[key] for key in ANSWERS} == ANSWERS
+    assert answers["_commit"] == NEWEST
 
 
 def test_updating_twice_changes_nothing_the_second_time(updated):
-    project, _ = updated
-    commit_all(project, "updated")
-    update(project)
-    assert git(project, "status", "--porcelain") == ""
+    commit_all(updated.project, "updated")
+    update(updated.project)
+    assert git(updated.project, "status", "--porcelain") == ""
 
 
 # The generated test files that build and train the project's networks (the MLP the user edited,
@@ -304,9 +412,10 @@ def test_updated_project_passes_its_tests_and_trains_the_user_model(template_rep
     # An update from each release gives the same files (see above), and those equal a fresh copy's
     # but for the user's edits, whose own suite test_generated.py runs: here the fast tests that
     # build, train, evaluate, export and lint the user's networks, on one update.
-    project = copy_at(template_repo, RELEASED[-1][0], tmp_path / "upgraded")
+    project = copy_at(template_repo, EARLIER[-1][0], tmp_path / "upgraded")
     edit_like_a_user(project)
     update(project, unsafe=True)
+    resolve_like_a_user(project)
     user_model_tests = [f"tests/test_{name}.py" for name in USER_MODEL_TEST_FILES]
     pytest_args = ["-q", "-p", "no:cacheprovider", "-m", "not slow", *user_model_tests]
     result = run_python(project, "-m", "pytest", *pytest_args)
@@ -323,6 +432,9 @@ def test_updated_project_passes_its_tests_and_trains_the_user_model(template_rep
     )
     assert fit.returncode == 0, fit.stderr[-3000:]
     assert (project / "checkpoints" / "cnn" / "last.ckpt").is_file()
+    # The metric the user added to the template's classifier is logged.
+    (metrics,) = (project / "checkpoints" / "cnn").rglob("metrics.csv")
+    assert "val/balanced_acc" in metrics.read_text().splitlines()[0].split(",")
 
 
 # The run trained at each earlier release, as its smoke config sets it (also spelled out here):
@@ -354,10 +466,10 @@ def read_checkpoint(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-@pytest.fixture(scope="module", params=[tag for tag, _ in RELEASED])
+@pytest.fixture(scope="module", params=[tag for tag, _ in EARLIER])
 def old_run(request, template_repo, tmp_path_factory) -> OldRun:
     """A project copied at each earlier release and trained there, with that release's code, then
-    updated to this version."""
+    edited as a user would, updated to the newest release, and its conflict resolved."""
     project = copy_at(template_repo, request.param, tmp_path_factory.mktemp("trained") / "upgraded")
     project_cli(
         project,
@@ -373,29 +485,35 @@ def old_run(request, template_repo, tmp_path_factory) -> OldRun:
     saved_step = read_checkpoint(run_dir / "last.ckpt")["global_step"]
     assert saved_step > 0
     commit_all(project, "the record of our first run")
+    edit_like_a_user(project)
     update(project, unsafe=True)
-    assert_clean_merge(project)
+    assert conflicted(project) == [CLASSIFIER]
+    resolve_like_a_user(project)
+    commit_all(project, f"updated to {NEWEST}")
     return OldRun(request.param, project, best, saved_step)
 
 
 # For each release the tests below run in this order: resuming may replace the old best
 # checkpoint with a better one, so the tests that need the old one come first.
 @pytest.mark.slow
-def test_old_best_checkpoint_tests_and_predicts_with_the_new_code(old_run):
-    project_cli(old_run.project, "test", f"--ckpt_path={old_run.best}")
-    (tested,) = [record for record in records(old_run.project) if record.get("stage") == "test"]
-    assert tested["run_name"] == OLD_RUN and tested["checkpoint"] == str(old_run.best.resolve())
-    accuracy = tested["test"]["test/acc"]
-    assert 0 <= accuracy <= 1 and 0 <= tested["test"]["test/f1"] <= 1
+def test_old_best_and_last_checkpoints_test_and_predict_with_the_new_code(old_run):
+    for checkpoint in (old_run.best, old_run.best.with_name("last.ckpt")):
+        project_cli(old_run.project, "test", f"--ckpt_path={checkpoint}")
+        tested = [record for record in records(old_run.project) if record.get("stage") == "test"][-1]
+        assert tested["run_name"] == OLD_RUN and tested["checkpoint"] == str(checkpoint.resolve())
+        accuracy = tested["test"]["test/acc"]
+        assert 0 <= accuracy <= 1 and 0 <= tested["test"]["test/f1"] <= 1
 
-    project_cli(old_run.project, "predict", f"--ckpt_path={old_run.best}")
-    (predictions,) = (old_run.project / "checkpoints" / OLD_RUN).glob("predict-*/predictions.csv")
-    with predictions.open(newline="") as file:
-        rows = list(csv.DictReader(file))
-    # The data settings come from the old checkpoint: its test split, cut to SUBSET samples.
-    assert len(rows) == SUBSET
-    correct = sum(row["predicted"] == row["label"] for row in rows)
-    assert correct / len(rows) == pytest.approx(accuracy, abs=1e-6)
+        run_dir = old_run.project / "checkpoints" / OLD_RUN
+        before = set(run_dir.glob("predict-*/predictions.csv"))
+        project_cli(old_run.project, "predict", f"--ckpt_path={checkpoint}")
+        (predictions,) = set(run_dir.glob("predict-*/predictions.csv")) - before
+        with predictions.open(newline="") as file:
+            rows = list(csv.DictReader(file))
+        # The data settings come from the old checkpoint: its test split, cut to SUBSET samples.
+        assert len(rows) == SUBSET
+        correct = sum(row["predicted"] == row["label"] for row in rows)
+        assert correct / len(rows) == pytest.approx(accuracy, abs=1e-6), checkpoint.name
 
 
 @pytest.mark.slow
