@@ -1,11 +1,11 @@
 """Preprocessing fitted on the training split only, and carried by the model.
 
 The data module reads a file into a ``Table``, fits a ``Preprocessing`` on the training split's
-samples and encodes every split with it: numeric features stay as they are, each categorical one
-becomes the index of its category, class labels become class indices. The model holds the same
-``Preprocessing`` as its first module, so the standardisation and the one-hot encoding are in its
-checkpoint and in every export, which therefore take raw features; the class names and the
-categories are saved with it.
+samples and encodes every split with it: numeric features stay as they are (NaN where missing),
+each categorical one becomes the index of its category, class labels become class indices. The
+model holds the same ``Preprocessing`` as its first module, so the imputation of missing numbers,
+the standardisation and the one-hot encoding are in its checkpoint and in every export, which
+therefore take raw features; the class names and the categories are saved with it.
 """
 
 from typing import Any
@@ -24,31 +24,38 @@ class Preprocessing(nn.Module):
     network learns (standardised on the training split).
 
     Its input is a float batch: the numeric features (any trailing shape when there are no
-    categorical ones), then one column per categorical feature holding the category's index in
-    ``categories[name]``, or -1 for a category not seen in training, which encodes as all zeros.
-    Unfitted, it passes its input through unchanged.
+    categorical ones), NaN where missing, then one column per categorical feature holding the
+    category's index in ``categories[name]``, or -1 for a category not seen in training, which
+    encodes as all zeros. Fitted with imputation, a missing number becomes the training split's
+    ``median``, and each numeric feature in ``indicators`` (by position) adds an input that is 1
+    where it was missing. Unfitted, it passes its input through unchanged.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        for name in ("mean", "scale", "target_mean", "target_scale"):
+        for name in ("median", "mean", "scale", "target_mean", "target_scale"):
             self.register_buffer(name, torch.zeros(0))
         self.numeric: list[str] = []  # the numeric features' names
+        self.indicators: list[int] = []  # the numeric features whose missing values are an input too
         self.categories: dict[str, list[str]] = {}  # each categorical feature's categories
         self.classes: list[str] = []  # the class names, by class index
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.categories:
-            return (x - self.mean) / self.scale if self.mean.numel() else x
         width = len(self.numeric)
-        numeric = x[:, :width]
+        numeric = x[:, :width] if self.categories else x
+        missing = torch.isnan(numeric)
+        if self.median.numel():
+            numeric = torch.where(missing, self.median, numeric)
         if self.mean.numel():
             numeric = (numeric - self.mean) / self.scale
+        if not (self.categories or self.indicators):
+            return numeric
+        indicators = missing.flatten(1)[:, self.indicators].to(x.dtype)
         one_hot = [
             (x[:, width + j, None] == torch.arange(len(values), device=x.device)).to(x.dtype)
             for j, values in enumerate(self.categories.values())
         ]
-        return torch.cat([numeric, *one_hot], dim=1)
+        return torch.cat([numeric.flatten(1), indicators, *one_hot], dim=1)
 
     def scale_targets(self, targets: Tensor) -> Tensor:
         return (targets - self.target_mean) / self.target_scale if self.target_mean.numel() else targets
@@ -58,16 +65,22 @@ class Preprocessing(nn.Module):
 
     def output_size(self, input_shape: tuple[int, ...]) -> int:
         """The number of features the network receives for samples of ``input_shape``."""
-        if not self.categories:
-            return int(np.prod(input_shape))
-        return len(self.numeric) + sum(len(values) for values in self.categories.values())
+        numeric = int(np.prod(input_shape)) if not self.categories else len(self.numeric)
+        return numeric + len(self.indicators) + sum(len(values) for values in self.categories.values())
 
     def describe(self) -> dict[str, Any]:
-        """What a checkpoint keeps besides the buffers: the features' names, categories, classes."""
-        return {"numeric": self.numeric, "categories": self.categories, "classes": self.classes}
+        """What a checkpoint keeps besides the buffers: the features' names, the indicators, the
+        categories and the classes."""
+        return {
+            "numeric": self.numeric,
+            "indicators": self.indicators,
+            "categories": self.categories,
+            "classes": self.classes,
+        }
 
     def restore(self, description: dict[str, Any]) -> None:
         self.numeric = description["numeric"]
+        self.indicators = description["indicators"]
         self.categories = description["categories"]
         self.classes = description["classes"]
 
@@ -85,14 +98,31 @@ class Preprocessing(nn.Module):
         return same_buffers and self.describe() == other.describe()
 
 
-def fit(train: Table, task: str, standardize: bool) -> Preprocessing:
+def fit(
+    train: Table, task: str, standardize: bool, impute: bool = False, indicators: bool = False
+) -> Preprocessing:
     """Fit the preprocessing on the training split's samples (never on the others: their
-    statistics would leak into training)."""
+    statistics would leak into training). With ``impute``, a missing number becomes the median of
+    its feature, and the standardisation is fitted on the imputed values; with ``indicators`` too,
+    each feature with a missing value in the training split adds an input that says where."""
     preprocessing = Preprocessing()
     preprocessing.numeric = list(train.numeric_names)
-    if standardize and train.numeric.size:
-        scaler = StandardScaler().fit(train.numeric.reshape(len(train), -1))
-        shape = train.numeric.shape[1:]
+    numeric, shape = train.numeric.reshape(len(train), -1), train.numeric.shape[1:]
+    missing = np.isnan(numeric)
+    if impute and numeric.size:
+        empty = np.flatnonzero(missing.all(axis=0))
+        if len(empty):
+            raise DataError(
+                f"{train.source}, column {train.numeric_names[empty[0]]!r}: no value in the "
+                f"{len(train)} rows of the training split, so no median to impute; drop the column"
+            )
+        median = np.nanmedian(numeric, axis=0)
+        preprocessing.median = torch.tensor(median, dtype=torch.float32).reshape(shape)
+        numeric = np.where(missing, median, numeric)
+        if indicators:
+            preprocessing.indicators = np.flatnonzero(missing.any(axis=0)).tolist()
+    if standardize and numeric.size:
+        scaler = StandardScaler().fit(numeric)
         preprocessing.mean = torch.tensor(scaler.mean_, dtype=torch.float32).reshape(shape)
         preprocessing.scale = torch.tensor(scaler.scale_, dtype=torch.float32).reshape(shape)
     if train.categorical_names:

@@ -3,13 +3,18 @@
 A CSV file is a header row and one row per sample. A column of numbers is a numeric feature; a
 column of text is a categorical feature, one-hot encoded by ``Preprocessing``. An ``.npz`` archive
 holds numeric arrays, an ``.npy`` file the features alone. Whatever cannot be trained on stops
-here, with one line naming the file, the row and the column: a missing value, a value that is
-not finite or too large for float32, a ragged or empty file, a label that is not a class.
+here, with one line naming the file, the row and the column: a value that is not a number in a
+column of numbers, one that is infinite or too large for float32, a ragged or empty file, a label
+that is not a class.
+
+A missing value is an empty cell or one of ``MISSING`` (any case), in a column of numbers or of
+text alike, and NaN in an array; ``treat_missing`` refuses, drops or imputes them, as the data
+module's ``missing`` says. In a column of numbers it is read as NaN.
 """
 
 import csv
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -21,6 +26,11 @@ LARGEST_VALUE = 1e15
 # A text column with a different value in more than this share of its rows is an identifier or
 # free text, not a category.
 MOST_DISTINCT = 0.5
+# How a CSV says that a value is missing, besides an empty cell: pandas' spellings, lowercased
+# (they are matched in any case), except "None", which is as often a category ("no symptoms").
+MISSING = ("", "na", "n/a", "#n/a", "<na>", "nan", "-nan", "null")
+# The category a missing text value becomes when missing values are imputed.
+MISSING_CATEGORY = "missing"
 
 
 class DataError(ValueError):
@@ -52,6 +62,14 @@ class Table:
         """``FILE row N, column C``: where a sample, or one of its values, is."""
         place = f"{self.source} {self.rows[index]}"
         return f"{place}, column {column!r}" if column is not None else place
+
+    def missing(self) -> np.ndarray:
+        """Where a feature is missing: one row per sample, one column per feature, the numeric ones
+        (flattened) then the text ones."""
+        numeric = np.isnan(self.numeric.reshape(len(self), -1))
+        if not self.categorical.size:
+            return numeric
+        return np.hstack([numeric, is_missing(self.categorical)])
 
     def take(self, indices: np.ndarray) -> "Table":
         """The samples at ``indices``, in that order."""
@@ -150,20 +168,16 @@ def _read_csv(path: Path, label_column: str) -> Table:
         raise DataError(f"{path} has no feature columns besides {label_column!r}")
     numeric, categorical = [], []
     for i in features:
+        absent = is_missing(values[:, i])
         numbers = _numbers(values[:, i])
-        if numbers is None:
+        text = np.flatnonzero(np.isnan(numbers) & ~absent)
+        if len(text) * 2 > np.count_nonzero(~absent):  # mostly text: a categorical column
             categorical.append(i)
             continue
-        missing = np.flatnonzero(np.isnan(numbers) & ~_says_nan(values[:, i]))
-        if len(missing) * 2 > len(numbers):  # mostly text: a categorical column
-            categorical.append(i)
-            continue
-        if len(missing):
-            first = missing[0]
-            value = repr(str(values[first, i])) + " is not a number" if values[first, i] else "it is missing"
+        if len(text):
             raise DataError(
-                f"{path} {rows[first]}, column {header[i]!r}: {value} "
-                f"({such(len(missing), 'value')} in a column of numbers); fill or drop them"
+                f"{path} {rows[text[0]]}, column {header[i]!r}: {str(values[text[0], i])!r} is not a number "
+                f"({such(len(text), 'value')} in a column of numbers); fill or drop them"
             )
         numeric.append((i, numbers))
     table = Table(
@@ -180,31 +194,34 @@ def _read_csv(path: Path, label_column: str) -> Table:
     return table
 
 
-def _numbers(column: np.ndarray) -> np.ndarray | None:
-    """The column as float64, with NaN where a value is not a number; None if none is one."""
+def _numbers(column: np.ndarray) -> np.ndarray:
+    """The column as float64, with NaN where a value is missing or not a number."""
+    column = np.where(is_missing(column), "nan", column)
     try:
         return column.astype(np.float64)
     except ValueError:
         pass
     parsed = np.full(len(column), np.nan)
-    any_number = False
     for i, value in enumerate(column):
         try:
             parsed[i] = float(value)
-            any_number = True
         except ValueError:
             continue
-    return parsed if any_number else None
+    return parsed
 
 
-def _says_nan(column: np.ndarray) -> np.ndarray:
-    return np.char.lower(column) == "nan"
+def is_missing(values: np.ndarray) -> np.ndarray:
+    """Where ``values`` (text or numbers) are missing; see the module's docstring."""
+    if values.dtype.kind in "US":
+        return np.isin(np.char.lower(values.astype(str)), MISSING)
+    return np.isnan(values) if values.dtype.kind == "f" else np.zeros(values.shape, dtype=bool)
 
 
 def _label_values(column: np.ndarray) -> np.ndarray:
-    """Labels as numbers when every one is a number, else as the strings written."""
+    """Labels as numbers (NaN where missing) when every one present is a number, else as the
+    strings written."""
     numbers = _numbers(column)
-    if numbers is not None and not (np.isnan(numbers) & ~_says_nan(column)).any():
+    if not (np.isnan(numbers) & ~is_missing(column)).any():
         return numbers
     return column
 
@@ -215,14 +232,15 @@ def such(count: int, noun: str) -> str:
 
 
 def check_numeric(table: Table) -> None:
-    """Refuse a numeric feature that is not finite or is too large to train on in float32."""
+    """Refuse a numeric feature that is infinite or too large to train on in float32 (NaN is a
+    missing value: see ``treat_missing``)."""
     flat = table.numeric.reshape(len(table), -1)
-    bad = ~np.isfinite(flat) | (np.abs(np.nan_to_num(flat)) > LARGEST_VALUE)
+    bad = np.isinf(flat) | (np.abs(np.nan_to_num(flat)) > LARGEST_VALUE)
     if not bad.any():
         return
     row, column = np.argwhere(bad)[0]
     value = flat[row, column]
-    problem = "is not a finite number" if not np.isfinite(value) else f"is beyond ±{LARGEST_VALUE:.0e}"
+    problem = "is not a finite number" if np.isinf(value) else f"is beyond ±{LARGEST_VALUE:.0e}"
     raise DataError(
         f"{table.where(row, table.numeric_names[column])}: {value:g} {problem}; "
         f"{such(int(bad.sum()), 'value')}, which cannot be trained on in float32 (a placeholder for a "
@@ -242,19 +260,14 @@ def check_categories(table: Table) -> None:
 
 
 def class_labels(table: Table) -> np.ndarray:
-    """The labels as class names (strings), refusing a missing one or a fraction."""
+    """The labels as class names (strings), refusing an infinite one or a fraction (a missing one
+    has been refused or dropped by ``treat_missing``)."""
     labels = table.labels
     if labels.dtype.kind in "US":
-        missing = np.flatnonzero((labels == "") | _says_nan(labels))
-        if len(missing):
-            value = str(labels[missing[0]])
-            label = f"the label {value!r}" if value else "the label"
-            where = table.where(missing[0], table.label_name)
-            raise DataError(f"{where}: {label} is missing; {such(len(missing), 'label')}")
         return labels.astype(str)
     labels = labels.astype(np.float64)
     for bad, problem in (
-        (~np.isfinite(labels), "is missing or not finite"),
+        (~np.isfinite(labels), "is not finite"),
         (np.isfinite(labels) & (labels != np.round(labels)), "is not a class (a name or a whole number)"),
     ):
         if bad.any():
@@ -268,12 +281,11 @@ def class_labels(table: Table) -> np.ndarray:
 
 
 def target_values(table: Table) -> np.ndarray:
-    """The labels as regression targets (float64), refusing text and values float32 cannot train on."""
+    """The labels as regression targets (float64), refusing text and values float32 cannot train on
+    (a missing one has been refused or dropped by ``treat_missing``)."""
     labels = table.labels
     if labels.dtype.kind in "US":
-        numbers = _numbers(labels)
-        not_numbers = np.isnan(numbers) & ~_says_nan(labels) if numbers is not None else labels == labels
-        text = np.flatnonzero(not_numbers)
+        text = np.flatnonzero(np.isnan(_numbers(labels)) & ~is_missing(labels))
         raise DataError(
             f"{table.where(text[0], table.label_name)}: the target {str(labels[text[0]])!r} is not a number; "
             f"{such(len(text), 'target')}; a regression target must be numeric"
@@ -283,7 +295,56 @@ def target_values(table: Table) -> np.ndarray:
     if bad.any():
         first = np.flatnonzero(bad)[0]
         raise DataError(
-            f"{table.where(first, table.label_name)}: the target {labels[first]:g} is missing, not finite "
-            f"or beyond ±{LARGEST_VALUE:.0e}; {such(int(bad.sum()), 'target')}"
+            f"{table.where(first, table.label_name)}: the target {labels[first]:g} is not finite or "
+            f"beyond ±{LARGEST_VALUE:.0e}; {such(int(bad.sum()), 'target')}"
         )
     return labels
+
+
+def treat_missing(table: Table, rule: str, advice: str) -> tuple[Table, np.ndarray, int]:
+    """The table with its missing values treated by ``rule``, the rows to keep, and the number of
+    values imputed.
+
+    ``error`` refuses the first missing feature or label, with ``advice``; ``drop`` keeps the rows
+    where nothing is missing; ``impute`` keeps the rows that have a label, and makes a missing text
+    value the category ``MISSING_CATEGORY``. A missing number stays NaN: ``Preprocessing`` imputes
+    it with the training split's median, inside the model, so that every split, ``predict`` and
+    the exports impute alike.
+    """
+    features = table.missing()
+    label = np.zeros(len(table), dtype=bool) if table.labels is None else is_missing(table.labels)
+    if rule == "error":
+        missing = np.column_stack([features, label])
+        if missing.any():
+            row, column = np.argwhere(missing)[0]
+            name = [*table.numeric_names, *table.categorical_names, table.label_name][column]
+            rows = np.count_nonzero(missing.any(axis=1))
+            raise DataError(
+                f"{table.where(row, name)}: it is missing ({such(int(missing.sum()), 'value')} in {rows} "
+                f"row{'s' if rows > 1 else ''}); {advice}"
+            )
+        return table, np.arange(len(table)), 0
+    dropped = (label | features.any(axis=1)) if rule == "drop" else label
+    kept = np.flatnonzero(~dropped)
+    if len(table) and not len(kept):
+        what = "value" if rule == "drop" else "label"
+        raise DataError(
+            f"{table.source}: all {len(table)} rows have a missing {what}, and data.init_args.missing={rule} "
+            "drops them"
+        )
+    if rule == "drop":
+        return table, kept, 0
+    imputed = int(features[kept].sum())
+    if table.categorical.size:
+        text = np.where(is_missing(table.categorical), MISSING_CATEGORY, table.categorical)
+        table = replace(table, categorical=text)
+    return table, kept, imputed
+
+
+def describe_missing(rule: str, rows: int, dropped: int, imputed: int) -> str | None:
+    """What ``treat_missing`` did by ``rule`` to a table of ``rows`` rows, in words; None if nothing."""
+    done = [f"{imputed:,} imputed"] if imputed else []
+    if dropped:
+        why = " (label missing)" if rule == "impute" else ""
+        done.append(f"{dropped:,} of {rows:,} rows dropped{why}")
+    return "; ".join(done) or None

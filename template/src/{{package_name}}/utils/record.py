@@ -48,16 +48,17 @@ def _number(value: Any) -> float | None:
 class ExperimentRecord(Callback):
     """Appends one line after each fit and each test, written by the global rank 0 process only.
 
-    A fit line holds the monitored metric's best value and epoch and the best and last
-    checkpoints; a test line holds the test metrics and the checkpoint they came from. A
-    classifier's lines also hold its ``classes``, the class names by class index. ``summary``
-    carries what the CLI knows of the run: name, model, dataset, seed and key hyper-parameters.
-    A fit stopped by SIGTERM or Ctrl-C writes its line too, with ``status`` ``interrupted``
-    instead of ``finished``; a sweep's trial stopped by its pruner has ``pruned``. A run
-    resumed after an interruption is trained in parts, one a
-    process: each checkpoint carries the parts so far, and a fit's line lists them (``parts``:
-    when each started and its time) with ``wall_time_s`` their total. ``last_line`` gives the
-    line of a stage, for the summary the command ends with.
+    A fit line holds the monitored metric's best value and epoch, the best and last checkpoints,
+    and what became of missing values (``missing_values``, from an ``ArrayDataModule``: the rule,
+    the table's rows, those dropped and the values imputed); a test line holds the test metrics and
+    the checkpoint they came from. A classifier's lines also hold its ``classes``, the class names
+    by class index. ``summary`` carries what the CLI knows of the run: name, model, dataset, seed
+    and key hyper-parameters. A fit stopped by SIGTERM or Ctrl-C writes its line too, with
+    ``status`` ``interrupted`` instead of ``finished``; a sweep's trial stopped by its pruner has
+    ``pruned``. A run resumed after an interruption is trained in parts, one a process: each
+    checkpoint carries the parts so far, and a fit's line lists them (``parts``: when each started
+    and its time) with ``wall_time_s`` their total. ``last_line`` gives the line of a stage, for
+    the summary the command ends with.
     """
 
     def __init__(self, path: str | Path, summary: dict[str, Any]) -> None:
@@ -111,6 +112,7 @@ class ExperimentRecord(Callback):
             best_epoch=_saved_epoch(best) if best else None,
             best_checkpoint=best,
             last_checkpoint=str(last.resolve()) if last and last.is_file() else None,
+            missing_values=getattr(trainer.datamodule, "missing_values", None),
             test=None,
             **self.state_dict(),
         )

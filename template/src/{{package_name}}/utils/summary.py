@@ -12,6 +12,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ..data.tables import describe_missing
+
 # Set by --verbose, and seen by the processes a command starts (DDP's, wandb's) too.
 VERBOSE_VARIABLE = f"{__package__.split('.')[0].upper()}_VERBOSE"
 
@@ -45,6 +47,7 @@ def fit_summary(line: dict[str, Any], package: str, parameters: int) -> str:
     best = line["best_checkpoint"]
     rows = {
         "model": f"{line['model']}, {parameters:,} parameters",
+        "missing values": line["missing_values"] and describe_missing(**line["missing_values"]),
         f"best {line['monitor']}": best and f"{_value(line['best_value'])} at epoch {line['best_epoch']}",
         "best checkpoint": shown(best) if best else None,
         "last checkpoint": shown(line["last_checkpoint"]) if line["last_checkpoint"] else None,
