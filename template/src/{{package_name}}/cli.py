@@ -56,6 +56,7 @@ from .utils import (
     received_signal,
     runs,
 )
+from .utils.monitor import kept_by
 from .utils.summary import VERBOSE_VARIABLE, evaluation_summary, fit_summary, is_verbose, predict_summary
 from .utils.tracking import finish_runs
 
@@ -341,6 +342,7 @@ class CLI(LightningCLI):
             )
         if subcommand == "fit":
             self._check_same_model(config, checkpoint)
+            self._check_same_monitor(config, checkpoint)
 
     def _check_same_model(self, config: Namespace, checkpoint: dict[str, Any]) -> None:
         """Resuming rebuilds the checkpoint's model, so a different model config is a mistake."""
@@ -354,6 +356,23 @@ class CLI(LightningCLI):
                 f"the model config differs from the one {config.ckpt_path} was trained with, in "
                 f"{', '.join(differing)}; resume without changing the model, or start a new run "
                 "from its weights with --weights"
+            )
+
+    def _check_same_monitor(self, config: Namespace, checkpoint: dict[str, Any]) -> None:
+        """A resumed run keeps its best checkpoint by the metric it started with: Lightning would
+        track another from scratch, forgetting the best epoch so far and leaving its file behind."""
+        run = runs.run_of(Path(config.ckpt_path), Path(config.runs_dir))
+        kept = kept_by(checkpoint)
+        if run is None or config.run_name not in (None, run) or kept is None or not config.checkpoint.monitor:
+            return  # a new run from the checkpoint's state keeps its own best checkpoint
+        monitor, mode = kept
+        if (monitor, mode or config.checkpoint.mode) != (config.checkpoint.monitor, config.checkpoint.mode):
+            given = f"--checkpoint.monitor={monitor}" + (f" --checkpoint.mode={mode}" if mode else "")
+            self.parser.error(
+                f"--ckpt_path: {config.ckpt_path} is of a run that keeps its best checkpoint by "
+                f"{monitor}{f' ({mode})' if mode else ''}, not by {config.checkpoint.monitor} "
+                f"({config.checkpoint.mode}); resume with {given}, or start a new run from its "
+                "weights with --weights"
             )
 
     def _config(self, config: Namespace | None = None) -> Namespace:
