@@ -43,7 +43,7 @@ demo: setup
 	cd demo && ../$(BIN)/python -m digits_demo test --ckpt_path "$$(ls checkpoints/demo/best-*.ckpt)" \
 		--trainer.enable_progress_bar=false
 	$(BIN)/python -c 'import json; fit, test = map(json.loads, open("demo/experiments.jsonl")); \
-		print("\ndemo: best val/acc %.4f at epoch %d, test/acc %.4f, training %.1f s, checkpoint %s" % ( \
+		print("\ndemo: best %s %.4f at epoch %d, test/acc %.4f, training %.1f s, checkpoint %s" % (fit["monitor"], \
 		fit["best_value"], fit["best_epoch"], test["test"]["test/acc"], fit["wall_time_s"], fit["best_checkpoint"]))'
 
 docs: setup

@@ -37,7 +37,7 @@ SEED = int(os.environ.get("FAULTS_SEED", "1729"))
 KILLS = int(os.environ.get("FAULTS_KILLS", "12"))
 PACKAGE = "faults"  # the package name copier derives from the destination directory's name
 # Four epochs of eight steps, a save of last.ckpt every two steps, and a warm-up short enough for
-# val/acc to improve over several epochs, so that several best checkpoints are saved.
+# val/loss to improve over several epochs, so that several best checkpoints are saved.
 TRAINING = [
     "--data.init_args.subset=512",
     "--trainer.max_epochs=4",

@@ -107,7 +107,7 @@ def test_the_task_chooses_model_data_and_monitor(generated, key):
         assert (chosen[2]["monitor"], chosen[2]["mode"]) == ("val/rmse", "min")
     else:
         assert names == ["Classifier", "DigitsDataModule"]
-        assert (chosen[2]["monitor"], chosen[2]["mode"]) == ("val/acc", "max")
+        assert (chosen[2]["monitor"], chosen[2]["mode"]) == ("val/loss", "min")
     file_data = yaml.safe_load((project / "configs" / "data" / "file.yaml").read_text())["data"]["init_args"]
     assert file_data["task"] == MATRIX[key]["task"]
 

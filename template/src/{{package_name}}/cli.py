@@ -56,6 +56,7 @@ from .utils import (
     received_signal,
     runs,
 )
+from .utils.monitor import kept_by
 from .utils.summary import VERBOSE_VARIABLE, evaluation_summary, fit_summary, is_verbose, predict_summary
 from .utils.tracking import finish_runs
 
@@ -341,6 +342,7 @@ class CLI(LightningCLI):
             )
         if subcommand == "fit":
             self._check_same_model(config, checkpoint)
+            self._keep_the_runs_monitor(config, checkpoint)
 
     def _check_same_model(self, config: Namespace, checkpoint: dict[str, Any]) -> None:
         """Resuming rebuilds the checkpoint's model, so a different model config is a mistake."""
@@ -355,6 +357,24 @@ class CLI(LightningCLI):
                 f"{', '.join(differing)}; resume without changing the model, or start a new run "
                 "from its weights with --weights"
             )
+
+    def _keep_the_runs_monitor(self, config: Namespace, checkpoint: dict[str, Any]) -> None:
+        """A resumed run keeps its best checkpoint by the metric it started with (a run of v0.2.0
+        kept val/acc): Lightning would track another from scratch, forgetting the best epoch so
+        far and leaving its file beside the new one's."""
+        run = runs.run_of(Path(config.ckpt_path), Path(config.runs_dir))
+        kept = kept_by(checkpoint)
+        if run is None or config.run_name not in (None, run) or kept is None or not config.checkpoint.monitor:
+            return  # a new run from the checkpoint's state keeps its own best checkpoint
+        monitor, mode = kept[0], kept[1] or config.checkpoint.mode
+        if (monitor, mode) != (config.checkpoint.monitor, config.checkpoint.mode):
+            print(
+                f"note: run {run} keeps its best checkpoint by {monitor} ({mode}), as it has since it "
+                f"started, not by {config.checkpoint.monitor} ({config.checkpoint.mode}); a new run "
+                "from its weights (--weights) would keep the other",
+                file=sys.stderr,
+            )
+            config.checkpoint.monitor, config.checkpoint.mode = monitor, mode
 
     def _config(self, config: Namespace | None = None) -> Namespace:
         """This subcommand's part of a config: the parsed one, or ``config_init``'s objects."""

@@ -1,7 +1,9 @@
 """Refuses, before training starts, a monitored metric that the model does not log or a mode that
-keeps the worst epoch."""
+keeps the worst epoch; and tells what a checkpoint's run kept its best epoch by."""
 
 import difflib
+import re
+from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -55,3 +57,14 @@ def _monitoring(trainer: Trainer) -> list[tuple[str, Callback]]:
         for callback in trainer.callbacks
         if isinstance(getattr(callback, "monitor", None), str)
     ]
+
+
+def kept_by(checkpoint: dict[str, Any]) -> tuple[str, str | None] | None:
+    """The metric, and mode, by which the run that saved ``checkpoint`` kept its best checkpoint;
+    None when it kept none by a metric."""
+    for key, state in checkpoint.get("callbacks", {}).items():
+        # Lightning names a ModelCheckpoint's state by its settings: "ModelCheckpoint{'monitor': ...}".
+        if key.startswith("ModelCheckpoint") and isinstance(state, dict) and state.get("monitor"):
+            mode = re.search(r"'mode': '(\w+)'", key)
+            return state["monitor"], mode[1] if mode else None
+    return None
