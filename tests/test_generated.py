@@ -182,11 +182,13 @@ TASK_PARTS = {
     "user_path+resume+sweep+scripts+own_data": ("user_path", "resume", "sweep", "scripts", "own_data"),
     "files": ("refused_inputs", "training", "reports", "report_script", "config", "data", "errors", "export"),
 }
-TASK_PARTS["files"] += ("smoke", "lint", "loggers")
+TASK_PARTS["files"] += ("smoke", "lint", "loggers", "best_checkpoint")
 # Tests of those files whose subject is the same in both tasks: torch.compile, DDP launched by
-# Lightning's other two launchers (the ddp_cpu.yaml preset runs in both), and the signals and save
+# Lightning's other two launchers (the ddp_cpu.yaml preset runs in both), the signals and save
 # points of a resume other than a SIGKILL mid-epoch (which runs in both, on the user's path and not),
-# and the sweep's two workers and its stop after three failures (the killed sweep runs in both).
+# the sweep's two workers and its stop after three failures (the killed sweep runs in both), and
+# what predict, the exports and indicator inputs do with missing values (the shared preprocessing;
+# the refusal, drop and impute at fit run in both).
 ONCE = (
     "test_training.py::test_compiled_network_trains_and_saves_plain_weight_names",
     "test_user_path.py::test_ddp_on_two_cpu_processes[ddp]",
@@ -196,6 +198,10 @@ ONCE = (
     "test_user_path.py::test_a_run_interrupted_mid_epoch_resumes_to_the_same_weights[SIGINT-0-11-11]",
     "test_sweep.py::test_two_workers_share_one_study_to_its_budget",
     "test_sweep.py::test_trials_that_fail_by_themselves_stop_the_worker_after_three",
+    "test_own_data.py::test_predict_drops_as_training_did_and_says_how_many",
+    "test_own_data.py::test_predict_imputes_as_if_the_medians_were_filled_in_by_hand",
+    "test_own_data.py::test_the_exported_model_imputes_as_predict_does",
+    "test_own_data.py::test_an_indicator_input_says_where_a_number_was_missing",
 )
 LOGGER_FILES = ("loggers", "reports", "config", "smoke", "lint", "memory", "sweep")
 
