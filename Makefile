@@ -26,7 +26,7 @@ $(VENV)/.installed: requirements-dev.txt
 	touch $@
 
 test: setup
-	$(BIN)/python -m pytest tests -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest tests -n $(WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25
 
 test-fast: setup
 	@$(BIN)/python tests/release.py --warn
