@@ -28,9 +28,14 @@ LARGEST_VALUE = 1e15
 MOST_DISTINCT = 0.5
 # How a CSV says that a value is missing, besides an empty cell: pandas' spellings, lowercased
 # (they are matched in any case), except "None", which is as often a category ("no symptoms").
-MISSING = ("", "na", "n/a", "#n/a", "<na>", "nan", "-nan", "null")
+MISSING = frozenset(("", "na", "n/a", "#n/a", "<na>", "nan", "-nan", "null"))
 # The category a missing text value becomes when missing values are imputed.
 MISSING_CATEGORY = "missing"
+# The delimiters a CSV file may have, told apart on its first characters.
+DELIMITERS = ",;\t|"
+SNIFFED_CHARACTERS = 65_536
+# A CSV file is converted to numbers this many rows at a time: its text is never all in memory.
+CHUNK_ROWS = 10_000
 
 
 class DataError(ValueError):
@@ -54,6 +59,7 @@ class Table:
     labels: np.ndarray | None = None
     label_name: str = "label"
     rows: list[str] = field(default_factory=list)
+    delimiter: str = ","
 
     def __len__(self) -> int:
         return len(self.numeric)
@@ -82,6 +88,7 @@ class Table:
             None if self.labels is None else self.labels[indices],
             self.label_name,
             [self.rows[i] for i in indices],
+            self.delimiter,
         )
 
 
@@ -142,88 +149,127 @@ def _read_arrays(path: Path, labels_key: str, features_key: str) -> Table:
 def _read_csv(path: Path, label_column: str) -> Table:
     try:
         with path.open(newline="", encoding="utf-8-sig") as file:
-            lines = list(csv.reader(file))
+            dialect = _dialect(file.read(SNIFFED_CHARACTERS))
+            file.seek(0)
+            header, numbers, text, row_numbers = _read_numbers(path, csv.reader(file, dialect))
+        features = [i for i, name in enumerate(header) if name != label_column]
+        if not features:
+            raise DataError(f"{path} has no feature columns besides {label_column!r}")
+        label = header.index(label_column) if label_column in header else None
+        counts, present = text.sum(axis=0), (~np.isnan(numbers) | text).sum(axis=0)
+        categorical = [i for i in features if counts[i] * 2 > present[i]]  # mostly text
+        wrong = [i for i in features if counts[i] and i not in categorical]
+        text_labels = label is not None and bool(counts[label])
+        read_as_text = [*wrong[:1], *categorical, *([label] if text_labels else [])]
+        with path.open(newline="", encoding="utf-8-sig") as file:
+            values = _read_text(csv.reader(file, dialect), read_as_text, len(row_numbers))
     except (UnicodeDecodeError, csv.Error) as error:
         raise DataError(f"{path} is not a CSV text file ({error})") from None
-    numbered = [(number, line) for number, line in enumerate(lines, start=1) if line]  # not blank lines
-    if len(numbered) < 2:
-        raise DataError(f"{path} has no samples: it needs a header row, then one row per sample")
-    header = [name.strip() for name in numbered[0][1]]
-    numbers, samples = [number for number, _ in numbered[1:]], [line for _, line in numbered[1:]]
-    repeated = sorted({name for name in header if header.count(name) > 1})
-    if repeated:
-        raise DataError(f"{path}: the header names the columns {repeated} more than once")
-    for number, sample in zip(numbers, samples, strict=True):
-        if len(sample) != len(header):
-            raise DataError(
-                f"{path} row {number} has {len(sample)} values; the header names {len(header)} columns"
-            )
-    values = np.char.strip(np.array(samples, dtype=str))
-    rows = [f"row {number}" for number in numbers]
-    labels = None
-    if label_column in header:
-        labels = _label_values(values[:, header.index(label_column)])
-    features = [i for i, name in enumerate(header) if name != label_column]
-    if not features:
-        raise DataError(f"{path} has no feature columns besides {label_column!r}")
-    numeric, categorical = [], []
-    for i in features:
-        absent = is_missing(values[:, i])
-        numbers = _numbers(values[:, i])
-        text = np.flatnonzero(np.isnan(numbers) & ~absent)
-        if len(text) * 2 > np.count_nonzero(~absent):  # mostly text: a categorical column
-            categorical.append(i)
-            continue
-        if len(text):
-            raise DataError(
-                f"{path} {rows[text[0]]}, column {header[i]!r}: {str(values[text[0], i])!r} is not a number "
-                f"({such(len(text), 'value')} in a column of numbers); fill or drop them"
-            )
-        numeric.append((i, numbers))
+    rows = [f"row {number}" for number in row_numbers]
+    if wrong:
+        first = np.flatnonzero(text[:, wrong[0]])[0]
+        raise DataError(
+            f"{path} {rows[first]}, column {header[wrong[0]]!r}: {values[first, 0]!r} is not a number "
+            f"({such(int(counts[wrong[0]]), 'value')} in a column of numbers); fill or drop them"
+        )
+    numeric = [i for i in features if i not in categorical]
+    labels = None if label is None else values[:, -1] if text_labels else numbers[:, label].copy()
     table = Table(
         path,
-        np.column_stack([n for _, n in numeric]) if numeric else np.empty((len(samples), 0)),
-        [header[i] for i, _ in numeric],
-        values[:, categorical],
+        numbers[:, numeric],
+        [header[i] for i in numeric],
+        values[:, : len(categorical)],
         [header[i] for i in categorical],
         labels,
         label_column,
         rows,
+        dialect.delimiter,
     )
     check_categories(table)
     return table
 
 
-def _numbers(column: np.ndarray) -> np.ndarray:
-    """The column as float64, with NaN where a value is missing or not a number."""
-    column = np.where(is_missing(column), "nan", column)
+def _dialect(sample: str) -> type[csv.Dialect]:
+    """The dialect of a CSV file that begins with ``sample``: its delimiter is the one of
+    ``DELIMITERS`` that splits the first lines alike, or a comma where none does (one column)."""
+    lines = sample.splitlines()
     try:
-        return column.astype(np.float64)
-    except ValueError:
-        pass
-    parsed = np.full(len(column), np.nan)
-    for i, value in enumerate(column):
-        try:
-            parsed[i] = float(value)
-        except ValueError:
+        return csv.Sniffer().sniff("\n".join(lines[:-1] or lines), delimiters=DELIMITERS)  # whole lines
+    except csv.Error:
+        return csv.excel
+
+
+def _read_numbers(path: Path, reader) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """A CSV file's header, its cells as numbers (NaN where missing or text), where they are text,
+    and each row's number in the file (the header is row 1; blank lines are skipped). Read
+    ``CHUNK_ROWS`` rows at a time, so that memory holds numbers, not the text of every cell."""
+    header, chunks, row_numbers, lines = None, [], [], []
+    for number, line in enumerate(reader, start=1):
+        if not line:
             continue
-    return parsed
+        if header is None:
+            header = [name.strip() for name in line]
+            repeated = sorted({name for name in header if header.count(name) > 1})
+            if repeated:
+                raise DataError(f"{path}: the header names the columns {repeated} more than once")
+            continue
+        if len(line) != len(header):
+            raise DataError(
+                f"{path} row {number} has {len(line)} values; the header names {len(header)} columns"
+            )
+        row_numbers.append(number)
+        lines.append(line)
+        if len(lines) == CHUNK_ROWS:
+            chunks.append(_as_numbers(lines))
+            lines = []
+    if lines:
+        chunks.append(_as_numbers(lines))
+    if not chunks:
+        raise DataError(f"{path} has no samples: it needs a header row, then one row per sample")
+    numbers, text = (np.concatenate(parts) for parts in zip(*chunks, strict=True))
+    return header, numbers, text, np.array(row_numbers)
+
+
+def _as_numbers(lines: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
+    """The rows' cells as numbers (NaN where missing or text), and where they are text."""
+    numbers = np.empty((len(lines), len(lines[0])))
+    text = np.zeros(numbers.shape, dtype=bool)
+    for i, cells in enumerate(zip(*lines, strict=True)):
+        try:
+            numbers[:, i] = cells  # every cell a number, the common case: converted in C
+        except ValueError:
+            numbers[:, i] = [_number(cell) for cell in cells]
+            text[:, i] = np.isnan(numbers[:, i]) & ~is_missing(np.array(cells, dtype=object))
+    return numbers, text
+
+
+def _read_text(reader, columns: list[int], count: int) -> np.ndarray:
+    """The ``columns`` of a CSV file's ``count`` samples, as stripped text (Python strings, so that
+    one long cell costs its own length, not every cell's)."""
+    values = np.empty((count, len(columns)), dtype=object)
+    if not columns:
+        return values
+    lines = (line for line in reader if line)
+    next(lines)  # the header
+    for row, line in enumerate(lines):
+        values[row] = [line[i].strip() for i in columns]
+    return values
+
+
+def _number(text: str) -> float:
+    """The number ``text`` writes, or NaN where it is missing or not a number."""
+    try:
+        return float(text)
+    except ValueError:
+        return np.nan
 
 
 def is_missing(values: np.ndarray) -> np.ndarray:
     """Where ``values`` (text or numbers) are missing; see the module's docstring."""
-    if values.dtype.kind in "US":
-        return np.isin(np.char.lower(values.astype(str)), MISSING)
+    if values.dtype.kind in "USO":
+        missing = (str(value).strip().lower() in MISSING for value in values.flat)
+        return np.fromiter(missing, bool, values.size).reshape(values.shape)
     return np.isnan(values) if values.dtype.kind == "f" else np.zeros(values.shape, dtype=bool)
-
-
-def _label_values(column: np.ndarray) -> np.ndarray:
-    """Labels as numbers (NaN where missing) when every one present is a number, else as the
-    strings written."""
-    numbers = _numbers(column)
-    if not (np.isnan(numbers) & ~is_missing(column)).any():
-        return numbers
-    return column
 
 
 def such(count: int, noun: str) -> str:
@@ -263,8 +309,8 @@ def class_labels(table: Table) -> np.ndarray:
     """The labels as class names (strings), refusing an infinite one or a fraction (a missing one
     has been refused or dropped by ``treat_missing``)."""
     labels = table.labels
-    if labels.dtype.kind in "US":
-        return labels.astype(str)
+    if labels.dtype.kind in "USO":
+        return labels.astype(object)
     labels = labels.astype(np.float64)
     for bad, problem in (
         (~np.isfinite(labels), "is not finite"),
@@ -284,8 +330,9 @@ def target_values(table: Table) -> np.ndarray:
     """The labels as regression targets (float64), refusing text and values float32 cannot train on
     (a missing one has been refused or dropped by ``treat_missing``)."""
     labels = table.labels
-    if labels.dtype.kind in "US":
-        text = np.flatnonzero(np.isnan(_numbers(labels)) & ~is_missing(labels))
+    if labels.dtype.kind in "USO":
+        numbers = np.array([_number(str(label)) for label in labels])
+        text = np.flatnonzero(np.isnan(numbers) & ~is_missing(labels))
         raise DataError(
             f"{table.where(text[0], table.label_name)}: the target {str(labels[text[0]])!r} is not a number; "
             f"{such(len(text), 'target')}; a regression target must be numeric"
