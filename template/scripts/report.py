@@ -25,6 +25,7 @@ hyper-parameters as columns (nested ones dotted: ``network.dropout``) and the te
 import argparse
 import json
 import re
+import sys
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -45,20 +46,56 @@ LAST = ("epochs", "steps", "effective_batch_size", "wall_time_s", "git_commit")
 LOWER_IS_BETTER = ("loss", "error", "mae", "mse")
 RELATIVE = re.compile(r"(\d+(?:\.\d+)?)([mhdw])")
 UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+# The keys of a line that the report needs, which every version of the record has written.
+REQUIRED = ("time", "run_name", "stage")
+FIT_REQUIRED = ("monitor", "best_value", "best_epoch")
 
 
 def read_record(path: Path) -> list[dict[str, Any]]:
-    """The record's lines, with an error naming the file and line of any that is not JSON."""
+    """The record's lines; one that cannot be read is skipped with a warning naming it and what is
+    wrong, and a record of such lines only is refused."""
     if not path.is_file():
         raise FileNotFoundError(f"no experiment record {path}: fit or test a model first")
-    lines = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            try:
-                lines.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}, line {number}, is not JSON: {error}") from None
+    lines, skipped = [], 0
+    for number, text in enumerate(path.read_text().splitlines(), start=1):
+        if text.strip():
+            line, problem = _parsed(text)
+            if problem:
+                print(f"warning: {path} line {number} {problem}; skipped", file=sys.stderr)
+                skipped += 1
+            else:
+                lines.append(line)
+    if skipped and not lines:
+        raise ValueError(f"{path}: no line can be read; fix or delete those named above")
     return lines
+
+
+def _parsed(text: str) -> tuple[Any, str | None]:
+    """A line of the record, and what is wrong with it, if anything."""
+    try:
+        line = json.loads(text)
+    except json.JSONDecodeError as error:
+        return None, f"is not JSON (column {error.colno}: {error.msg})"
+    if not isinstance(line, dict):
+        return line, "is not a JSON object"
+    keys = REQUIRED + (FIT_REQUIRED if line.get("stage") == "fit" else ())
+    if missing := [key for key in keys if key not in line]:
+        return line, f"has no {', '.join(missing)}"
+    for key in ("best_value", "best_epoch"):
+        if not _number_or_null(line.get(key)):
+            return line, f"has a {key} that is not a number: {json.dumps(line[key])}"
+    tests = line.get("test")
+    if tests is not None and not (isinstance(tests, dict) and all(map(_number_or_null, tests.values()))):
+        return line, f"has test metrics that are not numbers: {json.dumps(tests)}"
+    try:
+        datetime.fromisoformat(str(line["time"]))
+    except ValueError:
+        return line, f"has a time that is not an ISO time: {json.dumps(line['time'])}"
+    return line, None
+
+
+def _number_or_null(value: Any) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
 
 
 def load(record: str | Path = "experiments.jsonl") -> pd.DataFrame:
@@ -78,6 +115,8 @@ def runs_of(frame: pd.DataFrame) -> pd.DataFrame:
     lines = fits.groupby("run_name").size()
     listed = runs["parts"] if "parts" in runs else pd.Series(None, runs.index, dtype=object)
     runs["parts"] = [len(parts) if isinstance(parts, list) else lines[run] for run, parts in listed.items()]
+    # v0.1.0 wrote a fit line, without a status, only when a fit finished.
+    runs["status"] = runs["status"].fillna("finished") if "status" in runs else "finished"
     tests = [name for name in frame if name.startswith("test/")]
     runs = runs.drop(columns=tests).join(frame[frame["stage"] == "test"].groupby("run_name")[tests].last())
     return runs.reset_index()

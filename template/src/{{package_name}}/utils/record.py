@@ -1,6 +1,8 @@
 """The experiment record: one JSON line per run appended to ``experiments.jsonl``."""
 
+import contextlib
 import json
+import os
 import subprocess
 import time
 from datetime import datetime
@@ -43,6 +45,25 @@ def _now() -> str:
 
 def _number(value: Any) -> float | None:
     return None if value is None else round(float(value), 6)
+
+
+def append_line(path: Path, line: dict[str, Any]) -> None:
+    """Append ``line`` to the record, on a line of its own even after a last line that lacks its
+    newline (cut short by a crash, or edited by hand), which would otherwise take this one in."""
+    with path.open("a+b") as file:
+        file.seek(max(file.seek(0, os.SEEK_END) - 1, 0))
+        cut_short = file.read(1) not in (b"", b"\n")
+        # One write, which appends whole even beside another process's (a sweep's workers).
+        file.write(b"\n" * cut_short + json.dumps(line, default=str).encode() + b"\n")
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    """The lines of the record that are JSON objects; ``scripts/report.py`` names the others."""
+    lines = []
+    for text in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            lines.append(json.loads(text))
+    return [line for line in lines if isinstance(line, dict)]
 
 
 class ExperimentRecord(Callback):
@@ -139,15 +160,16 @@ class ExperimentRecord(Callback):
         }
         commit, dirty = git_state()
         line |= {"git_commit": commit and commit + ("+dirty" if dirty else ""), "git_dirty": dirty}
-        with self.path.open("a") as file:
-            file.write(json.dumps(line, default=str) + "\n")
+        append_line(self.path, line)
         self.lines[fields["stage"]] = line
 
     def last_line(self, stage: str) -> dict[str, Any]:
         """The line this process wrote last for ``stage``, or, where another process wrote it
         (ddp_spawn's rank 0), the record's last line of that stage for this run."""
         if stage not in self.lines:
-            lines = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
             run = (stage, self.summary["run_name"])
-            self.lines[stage] = [line for line in lines if (line["stage"], line["run_name"]) == run][-1]
+            lines = [
+                line for line in read_lines(self.path) if (line.get("stage"), line.get("run_name")) == run
+            ]
+            self.lines[stage] = lines[-1]
         return self.lines[stage]
