@@ -9,6 +9,7 @@ of an epoch leave every augmented image as it would have been.
 
 import os
 import re
+import warnings
 from functools import cache
 from pathlib import Path
 
@@ -18,11 +19,12 @@ from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveFloat,
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info
+from PIL import Image
 from sklearn.model_selection import train_test_split
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
-from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset, pil_loader
+from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 from torchvision.transforms import v2
 
 from ..errors import ConfigError
@@ -32,6 +34,18 @@ from .preprocessing import Preprocessing
 SPLITS = ("train", "val", "test")
 # Evaluation resizes the shorter side to the crop size over this ratio, then crops the centre.
 CENTRE_CROP_RATIO = 0.875
+# The value of a white pixel in Pillow's modes of more than 8 bits, whose convert() would clip at 255
+# instead of scaling: 16-bit grey (PNG, TIFF), 32-bit integer grey (16-bit PNG files in older
+# Pillow), and floating-point grey, taken in [0, 1] as torchvision takes float images.
+WHITE = {"I;16": 65535, "I;16B": 65535, "I;16L": 65535, "I": 65535, "F": 1.0}
+# Pillow's errors for a corrupt file, and for an image over its limit of MAX_IMAGE_PIXELS.
+DECODING_ERRORS = (
+    OSError,
+    SyntaxError,
+    ValueError,
+    Image.DecompressionBombError,
+    Image.DecompressionBombWarning,
+)
 
 
 class UnreadableImageError(ConfigError):
@@ -45,13 +59,25 @@ class UnreadableImageError(ConfigError):
 
 def read_image(path: str) -> Tensor:
     """An image file as a 3 x H x W uint8 tensor, read as torchvision's ``ImageFolder`` reads it
-    (with Pillow): grey and RGBA images are converted to RGB."""
+    (with Pillow): grey and RGBA images are converted to RGB, and grey images of more than 8 bits
+    are scaled to 8. An image over Pillow's limit of ``Image.MAX_IMAGE_PIXELS`` is unreadable."""
     try:
-        return v2.functional.pil_to_tensor(pil_loader(path))
-    except (OSError, SyntaxError, ValueError) as error:  # Pillow's errors for a corrupt file
+        with open(path, "rb") as file, warnings.catch_warnings():
+            # Pillow only warns up to twice its limit, then refuses: both are refused here.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            return v2.functional.pil_to_tensor(to_rgb(Image.open(file)))
+    except DECODING_ERRORS as error:
         first_line = (str(error) or type(error).__name__).splitlines()[0]
         reason = re.sub(r" <_io\.\w+ name=.*>$", "", first_line)  # Pillow names the file object
         raise UnreadableImageError(f"{path} is not a readable image ({reason})") from None
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """An image in Pillow's RGB mode, grey pixels of more than 8 bits scaled from ``WHITE``."""
+    if image.mode in WHITE:
+        pixels = np.asarray(image, dtype=np.float32) * (255 / WHITE[image.mode])
+        image = Image.fromarray(np.clip(pixels.round(), 0, 255).astype(np.uint8))
+    return image.convert("RGB")
 
 
 def is_image(path: str, root: Path) -> bool:
@@ -192,6 +218,11 @@ class ImageFolderDataModule(LightningDataModule):
         else:
             classes, samples = self._class_folders(root)
             found = self._split([path for path, _ in samples], [label for _, label in samples])
+        if len(classes) == 1:  # every prediction would be right, and every metric perfect
+            raise ConfigError(
+                f"{root} holds one class, {classes[0]}: a classifier needs two or more; "
+                "add a folder for each other class"
+            )
         if self.hparams.skip_unreadable:
             paths = sorted(path for files, _ in found.values() for path in files)
             unreadable = _unreadable(tuple((path, os.path.abspath(path), *_version(path)) for path in paths))
