@@ -486,6 +486,16 @@ class CLI(LightningCLI):
         if "_class_path" in data:
             data.pop("_instantiator", None)
             config.data = Namespace(class_path=data.pop("_class_path"), init_args=Namespace(**data))
+            ignored = dict.fromkeys(word.split("=")[0] for word in self.words if word.startswith("--data"))
+            if ignored:
+                instead = "to train on other data, start a run from its weights (fit --weights)"
+                if self.subcommand == "predict":
+                    instead = "give new samples with --inputs"
+                print(
+                    f"warning: {', '.join(ignored)} ignored: {self.subcommand} uses the data "
+                    f"{config.ckpt_path} was trained with; {instead}",
+                    file=sys.stderr,
+                )
         config.run_name = config.run_name or runs.run_of(Path(config.ckpt_path), Path(config.runs_dir))
 
     def _run_dir(self, config: Namespace) -> tuple[Path, bool]:
