@@ -65,6 +65,8 @@ class SweepTrial(Callback):
         prune = False
         if self._trial is not None:
             self._trial.report(float(trainer.callback_metrics[self.monitor]), step=trainer.current_epoch)
-            prune = self._trial.should_prune()
+            # A trial at its last epoch has finished: pruning it would only lose its value.
+            last = trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= trainer.max_epochs
+            prune = self._trial.should_prune() and not last
         if trainer.strategy.broadcast(prune):
             self.pruned = trainer.should_stop = True
