@@ -177,8 +177,15 @@ def update(project: Path, **options) -> None:
 CLASSIFIER = f"src/{PACKAGE}/models/classifier.py"
 TEMPLATE_CLASSIFIER = "template/src/{{package_name}}/models/classifier.py"
 # A metric the user adds to the template's Classifier, after a line that every release has.
-F1_LINE = '                "f1": MulticlassF1Score(num_classes, average="macro"),\n'
-USER_METRIC = '                "balanced_acc": MulticlassAccuracy(num_classes, average="macro"),\n'
+F1 = '"f1": MulticlassF1Score(num_classes, average="macro"'
+USER_METRIC = '"balanced_acc": MulticlassAccuracy(num_classes, average="macro"),'
+
+
+def with_user_metric(text: str, metric: str = USER_METRIC) -> str:
+    """``text`` with ``metric`` on a line of its own after the F1 metric's, indented alike."""
+    f1_line = next(line for line in text.splitlines(keepends=True) if F1 in line)
+    indent = f1_line[: len(f1_line) - len(f1_line.lstrip())]
+    return text.replace(f1_line, f1_line + indent + metric + "\n", 1)
 
 
 def edit_like_a_user(project: Path) -> dict[str, str]:
@@ -202,8 +209,7 @@ def edit_like_a_user(project: Path) -> dict[str, str]:
     readme = project / "README.md"
     readme.write_text(readme.read_text() + NOTES)
     classifier = project / CLASSIFIER
-    assert F1_LINE in classifier.read_text()
-    classifier.write_text(classifier.read_text().replace(F1_LINE, F1_LINE + USER_METRIC))
+    classifier.write_text(with_user_metric(classifier.read_text()))
     commit_all(project, "our model, experiment, dependency, notes and metric")
     return {
         f"src/{PACKAGE}/models/cnn.py": CNN,
@@ -246,9 +252,8 @@ def resolve_like_a_user(project: Path) -> str:
     if not CONFLICT.search(conflicted):
         return conflicted
     template = side(conflicted, "after")
-    new_f1_line = next(line for line in template.splitlines(keepends=True) if '"f1": ' in line)
     metric = USER_METRIC.replace('average="macro")', 'average="macro", validate_args=False)')
-    classifier.write_text(template.replace(new_f1_line, new_f1_line + metric))
+    classifier.write_text(with_user_metric(template, metric))
     return conflicted
 
 
@@ -325,9 +330,7 @@ def test_the_template_side_of_the_conflict_is_the_new_release(updated, template_
     # Around the conflict, the update brought the template's new version of every line.
     fresh = copy_at(template_repo, "HEAD", tmp_path / "upgraded")
     new = (fresh / CLASSIFIER).read_text()
-    assert side(updated.classifier, "after") == (
-        new if updated.rewritten else new.replace(F1_LINE, F1_LINE + USER_METRIC)
-    )
+    assert side(updated.classifier, "after") == (new if updated.rewritten else with_user_metric(new))
     mine = git(updated.project, "show", f"HEAD:{CLASSIFIER}")  # the user's edited version
     assert USER_METRIC in side(updated.classifier, "before") and USER_METRIC in mine
 
