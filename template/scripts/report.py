@@ -81,6 +81,10 @@ def _parsed(text: str) -> tuple[Any, str | None]:
     keys = REQUIRED + (FIT_REQUIRED if line.get("stage") == "fit" else ())
     if missing := [key for key in keys if key not in line]:
         return line, f"has no {', '.join(missing)}"
+    for key in ("run_name", "stage", "monitor", "status"):
+        # The table groups runs by name and prints the others as text; a run has a name and a stage.
+        if not isinstance(line.get(key), str | None) or (key in REQUIRED and line[key] is None):
+            return line, f"has a {key} that is not text: {json.dumps(line[key])}"
     for key in ("best_value", "best_epoch"):
         if not _number_or_null(line.get(key)):
             return line, f"has a {key} that is not a number: {json.dumps(line[key])}"
