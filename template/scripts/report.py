@@ -58,9 +58,9 @@ def read_record(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"no experiment record {path}: fit or test a model first")
     lines, skipped = [], 0
-    for number, text in enumerate(path.read_text().splitlines(), start=1):
-        if text.strip():
-            line, problem = _parsed(text)
+    for number, data in enumerate(path.read_bytes().splitlines(), start=1):
+        if data.strip():
+            line, problem = _parsed(data)
             if problem:
                 print(f"warning: {path} line {number} {problem}; skipped", file=sys.stderr)
                 skipped += 1
@@ -71,10 +71,12 @@ def read_record(path: Path) -> list[dict[str, Any]]:
     return lines
 
 
-def _parsed(text: str) -> tuple[Any, str | None]:
+def _parsed(data: bytes) -> tuple[Any, str | None]:
     """A line of the record, and what is wrong with it, if anything."""
     try:
-        line = json.loads(text)
+        line = json.loads(data.decode())
+    except UnicodeDecodeError as error:
+        return None, f"is not UTF-8 text (byte {error.start + 1}: {error.reason})"
     except json.JSONDecodeError as error:
         return None, f"is not JSON (column {error.colno}: {error.msg})"
     if not isinstance(line, dict):
