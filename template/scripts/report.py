@@ -28,6 +28,7 @@ import re
 import sys
 from datetime import datetime, timedelta
 from functools import partial
+from math import inf, nan
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,9 @@ def read_record(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"no experiment record {path}: fit or test a model first")
     lines, skipped = [], 0
-    for number, text in enumerate(path.read_text().splitlines(), start=1):
-        if text.strip():
-            line, problem = _parsed(text)
+    for number, data in enumerate(path.read_bytes().splitlines(), start=1):
+        if data.strip():
+            line, problem = _parsed(data)
             if problem:
                 print(f"warning: {path} line {number} {problem}; skipped", file=sys.stderr)
                 skipped += 1
@@ -70,10 +71,12 @@ def read_record(path: Path) -> list[dict[str, Any]]:
     return lines
 
 
-def _parsed(text: str) -> tuple[Any, str | None]:
+def _parsed(data: bytes) -> tuple[Any, str | None]:
     """A line of the record, and what is wrong with it, if anything."""
     try:
-        line = json.loads(text)
+        line = json.loads(data.decode())
+    except UnicodeDecodeError as error:
+        return None, f"is not UTF-8 text (byte {error.start + 1}: {error.reason})"
     except json.JSONDecodeError as error:
         return None, f"is not JSON (column {error.colno}: {error.msg})"
     if not isinstance(line, dict):
@@ -81,6 +84,10 @@ def _parsed(text: str) -> tuple[Any, str | None]:
     keys = REQUIRED + (FIT_REQUIRED if line.get("stage") == "fit" else ())
     if missing := [key for key in keys if key not in line]:
         return line, f"has no {', '.join(missing)}"
+    for key in ("run_name", "stage", "monitor", "status"):
+        # The table groups runs by name and prints the others as text; a run has a name and a stage.
+        if not isinstance(line.get(key), str | None) or (key in REQUIRED and line[key] is None):
+            return line, f"has a {key} that is not text: {json.dumps(line[key])}"
     for key in ("best_value", "best_epoch"):
         if not _number_or_null(line.get(key)):
             return line, f"has a {key} that is not a number: {json.dumps(line[key])}"
@@ -157,7 +164,17 @@ def best_first(runs: pd.DataFrame, key: str) -> pd.DataFrame:
     """Lowest first for a loss or an error (best_value: by its monitor's name), highest otherwise."""
     name = str(runs["monitor"].iloc[0]) if key == "best_value" else key
     lower_is_better = any(word in name for word in LOWER_IS_BETTER)
-    return runs.sort_values(key, ascending=lower_is_better, na_position="last", kind="stable")
+    order = {"ascending": lower_is_better, "na_position": "last", "kind": "stable"}
+    return runs.sort_values(key, key=_comparable, **order)
+
+
+def _comparable(column: pd.Series) -> pd.Series:
+    """A column as numbers where every value is one, and as text where not (a precision of 32 in one
+    run and "bf16-mixed" in another, lists), so that values of different types can be ordered."""
+    numbers = pd.to_numeric(column, errors="coerce")
+    if numbers.notna().sum() == (~column.map(_missing)).sum():
+        return numbers
+    return column.map(lambda value: None if _missing(value) else _text(value))
 
 
 def table(runs: pd.DataFrame, console: Console) -> tuple[Table, str]:
@@ -249,13 +266,15 @@ def chart(runs: pd.DataFrame, path: Path) -> Figure:
     if runs["monitor"].nunique() == 1:
         series[f"best {runs['monitor'].iloc[0]}"] = runs["best_value"]
     series |= {name: runs[name] for name in runs if name.startswith("test/") and "loss" not in name}
+    # A diverged run's infinite loss is in the table; a bar cannot show it.
+    series = {name: values.astype(float).replace([inf, -inf], nan) for name, values in series.items()}
     series = {name: values for name, values in series.items() if values.notna().any()}
     figure = Figure(figsize=(8, 1.5 + 0.35 * len(runs) * max(1, len(series))), layout="constrained")
     axes = figure.subplots()
     height = 0.8 / max(1, len(series))
     for offset, (name, values) in enumerate(series.items()):
         positions = [index + (offset - (len(series) - 1) / 2) * height for index in range(len(runs))]
-        bars = axes.barh(positions, values.astype(float), height, label=name)
+        bars = axes.barh(positions, values, height, label=name)
         axes.bar_label(bars, fmt="%.4f", padding=2, fontsize=8)
     values = pd.concat(series.values()).dropna() if series else pd.Series([0.0, 1.0])
     # At least 2% of the values' size, so that differences in the fifth decimal do not look large.
@@ -373,7 +392,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame | None:
     if args.dataset:
         runs = runs[runs["dataset"] == args.dataset]
     if args.since:
-        runs = runs[pd.to_datetime(runs["time"], utc=True) >= args.since]
+        # Read as --since reads its argument: a time without its offset is local.
+        runs = runs[runs["time"].map(lambda time: datetime.fromisoformat(time).astimezone()) >= args.since]
     for key, value in args.where:
         if key not in runs:
             parser.error(f"--where {key}: no such key; the keys are {', '.join(map(str, runs.columns))}")

@@ -60,9 +60,9 @@ def append_line(path: Path, line: dict[str, Any]) -> None:
 def read_lines(path: Path) -> list[dict[str, Any]]:
     """The lines of the record that are JSON objects; ``scripts/report.py`` names the others."""
     lines = []
-    for text in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            lines.append(json.loads(text))
+    for data in path.read_bytes().splitlines():
+        with contextlib.suppress(ValueError):  # not UTF-8, or not JSON
+            lines.append(json.loads(data.decode()))
     return [line for line in lines if isinstance(line, dict)]
 
 
