@@ -186,9 +186,9 @@ TASK_PARTS["files"] += ("smoke", "lint", "loggers", "best_checkpoint")
 # Tests of those files whose subject is the same in both tasks: torch.compile, DDP launched by
 # Lightning's other two launchers (the ddp_cpu.yaml preset runs in both), the signals and save
 # points of a resume other than a SIGKILL mid-epoch (which runs in both, on the user's path and not),
-# the sweep's two workers and its stop after three failures (the killed sweep runs in both), and
-# what predict, the exports and indicator inputs do with missing values (the shared preprocessing;
-# the refusal, drop and impute at fit run in both).
+# the sweep's two workers, its stop after three failures and a fit ending with its killed worker
+# (the killed sweep runs in both), and what predict, the exports and indicator inputs do with
+# missing values (the shared preprocessing; the refusal, drop and impute at fit run in both).
 ONCE = (
     "test_training.py::test_compiled_network_trains_and_saves_plain_weight_names",
     "test_user_path.py::test_ddp_on_two_cpu_processes[ddp]",
@@ -198,6 +198,7 @@ ONCE = (
     "test_user_path.py::test_a_run_interrupted_mid_epoch_resumes_to_the_same_weights[SIGINT-0-11-11]",
     "test_sweep.py::test_two_workers_share_one_study_to_its_budget",
     "test_sweep.py::test_trials_that_fail_by_themselves_stop_the_worker_after_three",
+    "test_sweep.py::test_a_fit_ends_with_its_worker_killed_as_the_fit_starts",
     "test_own_data.py::test_predict_drops_as_training_did_and_says_how_many",
     "test_own_data.py::test_predict_imputes_as_if_the_medians_were_filled_in_by_hand",
     "test_own_data.py::test_the_exported_model_imputes_as_predict_does",
