@@ -12,6 +12,7 @@ and starts a new run from the checkpoints the old code wrote.
 import csv
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -576,7 +577,10 @@ def test_old_last_checkpoint_resumes_with_the_new_code(old_run):
     assert resumed["epoch"] == more - 1
     fits = [r for r in records(old_run.project) if r.get("stage") == "fit" and r["run_name"] == OLD_RUN]
     assert fits[-1]["steps"] == resumed["global_step"]
-    assert 0 <= fits[-1]["best_value"] <= 1
+    # The run keeps the metric it started with: val/acc before v0.3.0, val/loss since.
+    kept = "val/acc" if version(old_run.release) < version("v0.3.0") else "val/loss"
+    assert fits[-1]["monitor"] == kept
+    assert 0 <= fits[-1]["best_value"] <= (1 if kept == "val/acc" else math.inf)
     assert Path(fits[-1]["best_checkpoint"]).is_file()
 
 
