@@ -65,4 +65,6 @@ def test_a_user_copy_is_the_newest_release_and_trains_and_passes_its_tests(tmp_p
     assert test["test"]["test/acc"] >= 0.95
 
     summary = command("-m", "pytest", "-q", "-p", "no:cacheprovider").stdout.splitlines()[-1]
-    assert re.fullmatch(r"\d+ passed, \d+ deselected(, \d+ warnings?)? in .+", summary), summary
+    # Tests whose precondition this machine lacks are skipped (CI runs as root: no read-only directories).
+    passed_only = r"\d+ passed(, \d+ skipped)?, \d+ deselected(, \d+ warnings?)? in .+"
+    assert re.fullmatch(passed_only, summary), summary
