@@ -1,7 +1,7 @@
 """The command line: ``python -m <package> {fit,validate,test,predict}``, built on LightningCLI.
 
 Every run writes into one directory, ``<runs_dir>/<run_name>/`` (``checkpoints/<run_name>/`` by
-default; the rules are in ``utils/runs.py``): checkpoints, logger files and the resolved config.
+default; the rules are in ``runs/directory.py``): checkpoints, logger files and the resolved config.
 ``fit --ckpt_path`` on a checkpoint of a run continues that run in its directory
 (``--ckpt_path last`` finds the latest one). Runs that evaluate a checkpoint
 (validate, test, predict) rebuild its model and data settings from it, and write into
@@ -39,25 +39,15 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 from .data import ArrayDataModule, ImageFolderDataModule
 from .errors import ConfigError, message_of
 from .models.base import check_task
-from .utils import (
-    AtomicCheckpointIO,
-    ExperimentRecord,
-    LastCheckpoint,
-    MonitorCheck,
-    OutOfMemoryReport,
-    PredictionWriter,
-    ProgressBar,
-    StageTimer,
-    TestReport,
-    end_with_parent,
-    is_out_of_memory,
-    load_weights,
-    read_checkpoint,
-    received_signal,
-    runs,
-)
+from .runs import directory as runs
+from .runs.checkpoints import AtomicCheckpointIO, LastCheckpoint, load_weights, read_checkpoint
+from .runs.interrupts import end_with_parent, received_signal
+from .runs.record import ExperimentRecord
+from .runs.summary import evaluation_summary, fit_summary, predict_summary
+from .utils import MonitorCheck, OutOfMemoryReport, PredictionWriter, ProgressBar, StageTimer, TestReport
+from .utils.console import VERBOSE_VARIABLE, is_verbose
+from .utils.memory import is_out_of_memory
 from .utils.monitor import kept_by
-from .utils.summary import VERBOSE_VARIABLE, evaluation_summary, fit_summary, is_verbose, predict_summary
 from .utils.tracking import finish_runs
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -500,7 +490,7 @@ class CLI(LightningCLI):
 
     def _run_dir(self, config: Namespace) -> tuple[Path, bool]:
         """The directory this run writes into, and whether it continues a run there; a training
-        run's directory is claimed for this process (see ``utils/runs.py``)."""
+        run's directory is claimed for this process (see ``runs/directory.py``)."""
         runs_dir = Path(config.runs_dir)
         if self.subcommand not in ("fit", None):
             # Beside the checkpoint when it is in a run's directory, wherever that is.

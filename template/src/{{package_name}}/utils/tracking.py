@@ -26,7 +26,7 @@ from typing import Any
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
-from .summary import is_verbose
+from .console import is_verbose
 
 PROCESS = Path(__file__).with_name("wandb_process.py")
 # Seconds the end of a command waits for the wandb process to finish its run (an online run may

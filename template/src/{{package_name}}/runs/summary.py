@@ -1,26 +1,15 @@
-"""What a command prints: the block of lines it ends with (what the run gave, and where it went),
-and whether it prints the rest too.
+"""What a command ends with: the block of lines that says what the run gave, and where it went.
 
 Paths are shown as a shell would take them from where the command ran: relative when they are
 below that directory, absolute otherwise. By default a command prints the progress bar, its
-summary and warnings; ``--verbose``, or ``<PACKAGE>_VERBOSE=1``, brings back Lightning's
-information lines, its model summary and metrics tables, and wandb's lines.
+summary and warnings (``utils/console.py`` says what ``--verbose`` adds).
 """
 
-import os
 import shlex
 from pathlib import Path
 from typing import Any
 
 from ..data.tables import describe_missing
-
-# Set by --verbose, and seen by the processes a command starts (DDP's, wandb's) too.
-VERBOSE_VARIABLE = f"{__package__.split('.')[0].upper()}_VERBOSE"
-
-
-def is_verbose() -> bool:
-    return os.environ.get(VERBOSE_VARIABLE, "") not in ("", "0")
-
 
 def shown(path: str | Path) -> str:
     """``path`` relative to the working directory where it is below it."""

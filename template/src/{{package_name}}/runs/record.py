@@ -14,7 +14,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..models import Classifier
-from .checkpointing import LastCheckpoint
+from .checkpoints import LastCheckpoint
 
 
 def git_state() -> tuple[str | None, bool | None]:
@@ -108,7 +108,7 @@ class ExperimentRecord(Callback):
         self._earlier_parts = state_dict.get("parts", earlier)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # A trial of a sweep that its pruner stopped early (utils/sweep_trial.py).
+        # A trial of a sweep that its pruner stopped early (sweeps/trial.py).
         pruned = any(getattr(callback, "pruned", False) for callback in trainer.callbacks)
         self._write_fit(trainer, pl_module, "pruned" if pruned else "finished")
 
