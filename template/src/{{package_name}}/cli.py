@@ -41,6 +41,7 @@ from .errors import ConfigError, message_of
 from .models.base import check_task
 from .runs import directory as runs
 from .runs.checkpoints import AtomicCheckpointIO, LastCheckpoint, load_weights, read_checkpoint
+from .runs.experiments import RECORD_FILE
 from .runs.interrupts import end_with_parent, received_signal
 from .runs.record import ExperimentRecord
 from .runs.summary import evaluation_summary, fit_summary, predict_summary
@@ -52,7 +53,6 @@ from .utils.tracking import finish_runs
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
-RECORD_FILE = Path("experiments.jsonl")
 TRACKING_LOGGER = f"{__package__}.utils.tracking.WandbLogger"
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # Lightning's own descriptions are the first lines of its docstrings, which stop mid-sentence.
@@ -191,8 +191,7 @@ def _set_size(settings: Namespace, key: str, size: int | None, what: str) -> Non
         settings[name] = None if size is None else int(size)  # not PositiveInt, which only the model takes
     elif size is not None and settings[name] != size:
         raise ConfigError(
-            f"The data has {size} {what} but {key} is {settings[name]}; "
-            "leave it unset to take it from the data"
+            f"The data has {size} {what} but {key} is {settings[name]}; leave it unset to take it from the data"
         )
 
 
@@ -250,7 +249,7 @@ class CLI(LightningCLI):
         parser.add_argument(
             "--runs_dir",
             type=str,
-            default="checkpoints",
+            default=str(runs.RUNS_DIR),
             help="The directory that holds one directory per run, relative to where the command runs "
             "(a scratch or shared filesystem, for example).",
         )

@@ -1,8 +1,6 @@
-"""The experiment record: one JSON line per run appended to ``experiments.jsonl``."""
+"""The experiment record's callback: one JSON line per fit and test appended to ``experiments.jsonl``
+(``runs/experiments.py`` writes and reads the file)."""
 
-import contextlib
-import json
-import os
 import subprocess
 import time
 from datetime import datetime
@@ -15,6 +13,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..models import Classifier
 from .checkpoints import LastCheckpoint
+from .experiments import append_line, read_lines
 
 
 def git_state() -> tuple[str | None, bool | None]:
@@ -45,25 +44,6 @@ def _now() -> str:
 
 def _number(value: Any) -> float | None:
     return None if value is None else round(float(value), 6)
-
-
-def append_line(path: Path, line: dict[str, Any]) -> None:
-    """Append ``line`` to the record, on a line of its own even after a last line that lacks its
-    newline (cut short by a crash, or edited by hand), which would otherwise take this one in."""
-    with path.open("a+b") as file:
-        file.seek(max(file.seek(0, os.SEEK_END) - 1, 0))
-        cut_short = file.read(1) not in (b"", b"\n")
-        # One write, which appends whole even beside another process's (a sweep's workers).
-        file.write(b"\n" * cut_short + json.dumps(line, default=str).encode() + b"\n")
-
-
-def read_lines(path: Path) -> list[dict[str, Any]]:
-    """The lines of the record that are JSON objects; ``scripts/report.py`` names the others."""
-    lines = []
-    for data in path.read_bytes().splitlines():
-        with contextlib.suppress(ValueError):  # not UTF-8, or not JSON
-            lines.append(json.loads(data.decode()))
-    return [line for line in lines if isinstance(line, dict)]
 
 
 class ExperimentRecord(Callback):

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..data.tables import describe_missing
 
+
 def shown(path: str | Path) -> str:
     """``path`` relative to the working directory where it is below it."""
     path = Path(path)
