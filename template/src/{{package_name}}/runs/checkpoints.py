@@ -367,5 +367,6 @@ def load_weights(model: LightningModule, path: str | Path) -> None:
     missing = sorted(model.state_dict().keys() - state.keys())[:5]
     unexpected = sorted(state.keys() - model.state_dict().keys())[:5]
     raise ValueError(
-        f"{path} holds no weights for this model: it lacks {missing} and has {unexpected} (the first few names of each)"
+        f"{path} holds no weights for this model: it lacks {missing} and has {unexpected} "
+        "(the first few names of each)"
     )
