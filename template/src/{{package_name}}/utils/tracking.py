@@ -178,3 +178,15 @@ def finish_runs() -> None:
     """Finish, as failed, the wandb runs that a failed command left running in this process."""
     for logger in list(_running):
         logger.finalize("failed")
+
+
+def end_tracking() -> None:
+    """Finish the wandb runs a failed command left open (Lightning finishes the others) and stop
+    wandb's service, so that the next command in this process (in a test or a notebook) starts
+    afresh, not in the state this one left."""
+    finish_runs()
+    wandb = sys.modules.get("wandb")
+    if wandb is not None:
+        if wandb.run is not None:
+            wandb.run.finish(exit_code=1)
+        wandb.teardown()
