@@ -81,7 +81,7 @@ class CLI(LightningCLI):
         """Print a refused setting as the parser prints its own errors."""
         try:
             yield
-        except UsageError as error:
+        except (UsageError, directory.RunDirectoryError) as error:
             self.parser.error(str(error))
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:

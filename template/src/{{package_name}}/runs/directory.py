@@ -20,8 +20,6 @@ import shutil
 from pathlib import Path
 from typing import IO
 
-from ..errors import UsageError
-
 RUNS_DIR = Path("checkpoints")  # the default of --runs_dir
 LAST_CHECKPOINT = "last.ckpt"  # the newest checkpoint of a run, in its directory
 LOCK_FILE = ".lock"
@@ -33,7 +31,7 @@ _created: set[Path] = set()  # the run (and output) directories this process mad
 _created_parents: set[Path] = set()  # and the directories it made to hold them
 
 
-class RunDirectoryError(UsageError):
+class RunDirectoryError(ValueError):
     """A run name or directory that cannot serve this run; the message is one line."""
 
 
