@@ -21,11 +21,15 @@ def append_line(path: Path, line: dict[str, Any]) -> None:
 
 
 def read_lines(
-    path: Path, since: int = 0, skipped: Callable[[int, str], None] | None = None
+    path: Path,
+    since: int = 0,
+    skipped: Callable[[int, str], None] | None = None,
+    check: Callable[[dict[str, Any]], str | None] | None = None,
 ) -> list[dict[str, Any]]:
-    """The lines of the record after its first ``since`` bytes that are JSON objects. Each other
-    non-blank line (cut short by a crash, or edited by hand) is left out, and given to ``skipped``
-    with its number (counted from ``since``) and what is wrong with it."""
+    """The lines of the record after its first ``since`` bytes that are JSON objects, and that
+    ``check``, if given, finds nothing wrong with. Each other non-blank line (cut short by a
+    crash, or edited by hand) is left out, and given to ``skipped`` with its number (counted from
+    ``since``) and what is wrong with it."""
     with path.open("rb") as file:
         file.seek(since)
         data = file.read()
@@ -38,6 +42,8 @@ def read_lines(
             problem = f"is not UTF-8 text (byte {error.start + 1}: {error.reason})"
         except json.JSONDecodeError as error:
             problem = f"is not JSON (column {error.colno}: {error.msg})"
+        if problem is None and check is not None:
+            problem = check(line)
         if problem is None:
             lines.append(line)
         elif text.strip() and skipped is not None:

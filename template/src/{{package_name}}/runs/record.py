@@ -11,7 +11,6 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from ..models import Classifier
 from .checkpoints import LastCheckpoint
 from .experiments import append_line, read_lines
 
@@ -49,17 +48,17 @@ def _number(value: Any) -> float | None:
 class ExperimentRecord(Callback):
     """Appends one line after each fit and each test, written by the global rank 0 process only.
 
-    A fit line holds the monitored metric's best value and epoch, the best and last checkpoints,
-    and what became of missing values (``missing_values``, from an ``ArrayDataModule``: the rule,
-    the table's rows, those dropped and the values imputed); a test line holds the test metrics and
-    the checkpoint they came from. A classifier's lines also hold its ``classes``, the class names
-    by class index. ``summary`` carries what the CLI knows of the run: name, model, dataset, seed
-    and key hyper-parameters. A fit stopped by SIGTERM or Ctrl-C writes its line too, with
-    ``status`` ``interrupted`` instead of ``finished``; a sweep's trial stopped by its pruner has
-    ``pruned``. A run resumed after an interruption is trained in parts, one a process: each
+    A fit line holds the monitored metric's best value and epoch, the best and last checkpoints, and
+    what became of missing values (the data module's ``missing_values``: the rule, the table's rows,
+    those dropped and the values imputed); a test line holds the test metrics and the checkpoint
+    they came from. A classifier's lines also hold its ``classes``, the class names by class index
+    (the model's ``class_names``). ``summary`` carries what the CLI knows of the run: name, model,
+    dataset, seed and key hyper-parameters. A fit stopped by SIGTERM or Ctrl-C writes its line too,
+    with ``status`` ``interrupted`` instead of ``finished``; a sweep's trial stopped by its pruner
+    has ``pruned``. A run resumed after an interruption is trained in parts, one a process: each
     checkpoint carries the parts so far, and a fit's line lists them (``parts``: when each started
-    and its time) with ``wall_time_s`` their total. ``last_line`` gives the line of a stage, for
-    the summary the command ends with.
+    and its time) with ``wall_time_s`` their total. ``last_line`` gives the line of a stage, for the
+    summary the command ends with.
     """
 
     def __init__(self, path: str | Path, summary: dict[str, Any]) -> None:
@@ -131,10 +130,11 @@ class ExperimentRecord(Callback):
     def _write(self, trainer: Trainer, pl_module: LightningModule, **fields: Any) -> None:
         if not trainer.is_global_zero:
             return
+        classes = getattr(pl_module, "class_names", None)  # a classifier's
         line = {
             "time": _now(),
             **self.summary,
-            **({"classes": pl_module.class_names} if isinstance(pl_module, Classifier) else {}),
+            **({"classes": classes} if classes is not None else {}),
             "wall_time_s": round(time.perf_counter() - self._started, 2),
             **fields,
         }

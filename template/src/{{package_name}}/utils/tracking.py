@@ -1,11 +1,10 @@
 """Weights & Biases, run beside the training rather than inside it.
 
 Lightning's ``WandbLogger`` imports wandb and starts its run in the training process, before the
-first step: 1.5 to 2 s here, most of it importing wandb's modules, and each logging call then
-costs the step about a millisecond. This logger starts a process of its own for the run
-(``wandb_process.py``) when there is first something to log, and sends it what to log as lines
-on a pipe; the training goes on meanwhile, on the machine's other cores. The run is an ordinary
-wandb run, offline by default: ``wandb sync`` uploads it, and online it logs live.
+first step, and each logging call then takes time from the step. This logger starts a process of its
+own for the run (``wandb_process.py``) when there is first something to log, and sends it what to
+log as lines on a pipe; the training goes on meanwhile, on the machine's other cores. The run is an
+ordinary wandb run, offline by default: ``wandb sync`` uploads it, and online it logs live.
 
 For what this logger does not offer (artifacts, ``watch``, logging checkpoints), configure
 ``lightning.pytorch.loggers.WandbLogger`` instead: the project supports both.
