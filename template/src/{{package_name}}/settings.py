@@ -13,7 +13,7 @@ import torch
 from jsonargparse import Namespace
 from jsonargparse.typing import PositiveInt
 
-from .data import ArrayDataModule, ImageFolderDataModule
+from .data import gives_sizes
 from .errors import ConfigError, UsageError, message_of
 from .models.base import check_task
 from .runs.directory import RUNS_DIR

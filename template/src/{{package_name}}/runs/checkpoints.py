@@ -121,8 +121,8 @@ class LastCheckpoint(Checkpoint):
     Every checkpoint of the run also carries the random number generators' states and the
     loggers' run ids, so that a resumed run draws the same dropout masks and continues the same
     logger runs. Weights that are no longer finite are never saved.
-    (``ModelCheckpoint(save_last=True)`` in Lightning 2.6 rewrites ``last.ckpt`` only when it
-    also saves a best checkpoint.)
+    (``ModelCheckpoint(save_last=True)`` would rewrite ``last.ckpt`` only when it also saves a
+    best checkpoint.)
 
     Being a ``Checkpoint``, it runs after early stopping and the best-checkpoint callback, so the
     state it saves includes their decisions for the epoch.
