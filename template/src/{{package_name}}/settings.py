@@ -143,10 +143,8 @@ def set_sizes(config: Namespace) -> None:
     """Give the model and its network the data's sizes (classes, input features, outputs) where
     they are unset, and refuse one set by hand that differs from the data's."""
     data_class = class_at(config.data.class_path)
-    if not (
-        isinstance(data_class, type) and issubclass(data_class, (ArrayDataModule, ImageFolderDataModule))
-    ):
-        return  # a data module of another kind: the sizes are as configured
+    if not gives_sizes(data_class):
+        return  # a data module of another kind: the sizes are as configured (data/contract.py)
     try:
         data = data_class(**config.data.init_args.as_dict())
     except (KeyError, FileNotFoundError, ValueError) as error:
