@@ -17,6 +17,7 @@ import fcntl
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import IO
 
@@ -121,3 +122,16 @@ def _lock(run_dir: Path) -> None:
     file.write(f"{os.getpid()}\n")
     file.flush()
     _held[key] = file
+
+
+def wait_until_free(run_dir: Path, timeout_s: float = 120) -> None:
+    """Wait until no process trains in ``run_dir`` (a killed run's process may still be saving)."""
+    lock = run_dir / LOCK_FILE
+    deadline = time.monotonic() + timeout_s
+    while lock.is_file() and time.monotonic() < deadline:
+        with lock.open() as file:
+            try:
+                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                time.sleep(0.5)
