@@ -5,6 +5,7 @@ device can run, and ``--config`` files."""
 import difflib
 import importlib
 import inspect
+import itertools
 import re
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,7 @@ def check_config_words(words: list[str], package: str, subcommands: tuple[str, .
         word in ("-c", "--config") or word.startswith("--config=") for word in words[:first]
     ):
         raise ConfigError(f"put --config after the subcommand, e.g. python -m {package} fit --config ...")
-    for option, value in zip(words, [*words[1:], ""], strict=True):
+    for option, value in itertools.pairwise([*words, ""]):
         path = Path(value if option in ("-c", "--config") else option.removeprefix("--config="))
         if option.startswith(("-c", "--config")) and path.is_file() and not _has_settings(path):
             raise ConfigError(f"--config {path} holds no settings (it is empty or all comments)")

@@ -4,6 +4,7 @@ run; several workers on this machine with ``--workers``."""
 
 import ctypes
 import functools
+import itertools
 import json
 import os
 import signal
@@ -93,7 +94,7 @@ def fit_line(run_name: str, since: int) -> dict[str, Any] | None:
 def runs_dir_of(fit_args: list[str]) -> Path:
     """The runs directory the trials' fits write into: their last ``--runs_dir``, or the default."""
     runs_dir = RUNS_DIR
-    for option, value in zip(fit_args, [*fit_args[1:], ""], strict=True):
+    for option, value in itertools.pairwise([*fit_args, ""]):
         if option == "--runs_dir":
             runs_dir = Path(value)
         elif option.startswith("--runs_dir="):
