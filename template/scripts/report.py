@@ -39,8 +39,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from {{ package_name }}.runs.experiments import read_lines
-
 # Columns the table shows in a column of its own (run, status, best), or not at all.
 APART = {"run_name", "status", "parts", "monitor", "best_value", "best_epoch", "time", "stage", "classes"}
 APART |= {"best_checkpoint", "last_checkpoint", "checkpoint", "git_dirty"}  # git_commit ends in +dirty
@@ -59,38 +57,48 @@ def read_record(path: Path) -> list[dict[str, Any]]:
     wrong, and a record of such lines only is refused."""
     if not path.is_file():
         raise FileNotFoundError(f"no experiment record {path}: fit or test a model first")
-    skipped: list[int] = []
-
-    def skip(number: int, problem: str) -> None:
-        print(f"warning: {path} line {number} {problem}; skipped", file=sys.stderr)
-        skipped.append(number)
-
-    lines = read_lines(path, skipped=skip, check=_problem)
+    lines, skipped = [], 0
+    for number, data in enumerate(path.read_bytes().splitlines(), start=1):
+        if data.strip():
+            line, problem = _parsed(data)
+            if problem:
+                print(f"warning: {path} line {number} {problem}; skipped", file=sys.stderr)
+                skipped += 1
+            else:
+                lines.append(line)
     if skipped and not lines:
         raise ValueError(f"{path}: no line can be read; fix or delete those named above")
     return lines
 
 
-def _problem(line: dict[str, Any]) -> str | None:
-    """What is wrong with a line of the record for the report, if anything."""
+def _parsed(data: bytes) -> tuple[Any, str | None]:
+    """A line of the record, and what is wrong with it, if anything."""
+    try:
+        line = json.loads(data.decode())
+    except UnicodeDecodeError as error:
+        return None, f"is not UTF-8 text (byte {error.start + 1}: {error.reason})"
+    except json.JSONDecodeError as error:
+        return None, f"is not JSON (column {error.colno}: {error.msg})"
+    if not isinstance(line, dict):
+        return line, "is not a JSON object"
     keys = REQUIRED + (FIT_REQUIRED if line.get("stage") == "fit" else ())
     if missing := [key for key in keys if key not in line]:
-        return f"has no {', '.join(missing)}"
+        return line, f"has no {', '.join(missing)}"
     for key in ("run_name", "stage", "monitor", "status"):
         # The table groups runs by name and prints the others as text; a run has a name and a stage.
         if not isinstance(line.get(key), str | None) or (key in REQUIRED and line[key] is None):
-            return f"has a {key} that is not text: {json.dumps(line[key])}"
+            return line, f"has a {key} that is not text: {json.dumps(line[key])}"
     for key in ("best_value", "best_epoch"):
         if not _number_or_null(line.get(key)):
-            return f"has a {key} that is not a number: {json.dumps(line[key])}"
+            return line, f"has a {key} that is not a number: {json.dumps(line[key])}"
     tests = line.get("test")
     if tests is not None and not (isinstance(tests, dict) and all(map(_number_or_null, tests.values()))):
-        return f"has test metrics that are not numbers: {json.dumps(tests)}"
+        return line, f"has test metrics that are not numbers: {json.dumps(tests)}"
     try:
         datetime.fromisoformat(str(line["time"]))
     except ValueError:
-        return f"has a time that is not an ISO time: {json.dumps(line['time'])}"
-    return None
+        return line, f"has a time that is not an ISO time: {json.dumps(line['time'])}"
+    return line, None
 
 
 def _number_or_null(value: Any) -> bool:
@@ -323,32 +331,6 @@ def curves(runs: dict[str, pd.DataFrame], path: Path) -> Figure:
 def main(argv: list[str] | None = None) -> pd.DataFrame | None:
     """Print the table and write the CSV file and the chart, returning the runs; or with
     ``--curves``, draw the runs' curves."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.curves:
-        _write_curves(args, parser)
-        return None
-    try:
-        record = load(args.record)
-    except (FileNotFoundError, ValueError) as error:
-        parser.error(str(error))
-    if "stage" not in record or not (record["stage"] == "fit").any():
-        parser.error(f"{args.record} holds no fit yet: fit a model first")
-    runs = _chosen(runs_of(record), args, parser)
-    console = Console()
-    grid, left_out = table(runs, console)
-    console.print(Text(f"{len(runs)} run{'s' * (len(runs) > 1)} in {args.record}", style="bold"))
-    console.print(grid)
-    if left_out:
-        console.print(left_out, markup=False, highlight=False)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    runs.to_csv(args.output_dir / "experiments.csv", index=False)
-    chart(runs, args.output_dir / "experiments.png")
-    print(f"wrote {args.output_dir / 'experiments.csv'} and {args.output_dir / 'experiments.png'}")
-    return runs
-
-
-def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--record", type=Path, default=Path("experiments.jsonl"), help="the record (default: %(default)s)"
@@ -388,21 +370,25 @@ def _parser() -> argparse.ArgumentParser:
         default=Path("checkpoints"),
         help="where --curves finds the runs (default: %(default)s)",
     )
-    return parser
+    args = parser.parse_args(argv)
 
+    if args.curves:
+        try:
+            metrics = {run: read_metrics(args.runs_dir / run) for run in args.curves}
+            args.output_dir.mkdir(parents=True, exist_ok=True)
+            curves(metrics, args.output_dir / "curves.png")
+        except (FileNotFoundError, ValueError) as error:
+            parser.error(str(error))
+        print(f"wrote {args.output_dir / 'curves.png'}")
+        return None
 
-def _write_curves(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     try:
-        metrics = {run: read_metrics(args.runs_dir / run) for run in args.curves}
-        args.output_dir.mkdir(parents=True, exist_ok=True)
-        curves(metrics, args.output_dir / "curves.png")
+        record = load(args.record)
     except (FileNotFoundError, ValueError) as error:
         parser.error(str(error))
-    print(f"wrote {args.output_dir / 'curves.png'}")
-
-
-def _chosen(runs: pd.DataFrame, args: argparse.Namespace, parser: argparse.ArgumentParser) -> pd.DataFrame:
-    """The runs that ``--dataset``, ``--since`` and ``--where`` choose, in the order of ``--sort``."""
+    if "stage" not in record or not (record["stage"] == "fit").any():
+        parser.error(f"{args.record} holds no fit yet: fit a model first")
+    runs = runs_of(record)
     if args.dataset:
         runs = runs[runs["dataset"] == args.dataset]
     if args.since:
@@ -418,6 +404,17 @@ def _chosen(runs: pd.DataFrame, args: argparse.Namespace, parser: argparse.Argum
         if args.sort not in runs:
             parser.error(f"--sort {args.sort}: no such key; the keys are {', '.join(map(str, runs.columns))}")
         runs = best_first(runs, args.sort)
+
+    console = Console()
+    grid, left_out = table(runs, console)
+    console.print(Text(f"{len(runs)} run{'s' * (len(runs) > 1)} in {args.record}", style="bold"))
+    console.print(grid)
+    if left_out:
+        console.print(left_out, markup=False, highlight=False)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    runs.to_csv(args.output_dir / "experiments.csv", index=False)
+    chart(runs, args.output_dir / "experiments.png")
+    print(f"wrote {args.output_dir / 'experiments.csv'} and {args.output_dir / 'experiments.png'}")
     return runs
 
 
