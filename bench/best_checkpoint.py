@@ -121,7 +121,7 @@ def evaluate_epochs(package: str, args: list[str], run_dir: Path) -> tuple[list[
     """Every epoch's checkpoint of the run on its validation and test splits, in this process;
     and the number of validation samples."""
     cli_module = __import__(f"{package}.cli", fromlist=["main"])
-    utils = __import__(f"{package}.utils", fromlist=["load_weights", "read_checkpoint"])
+    utils = __import__(f"{package}.runs.checkpoints", fromlist=["load_weights", "read_checkpoint"])
     cli = cli_module.main([*args, "--trainer.logger=false"], run=False)
     model, data = cli.model, cli.datamodule
     data.setup("fit")

@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--package", required=True)
     parser.add_argument("cli_args", nargs=argparse.REMAINDER, help="the arguments of the project's CLI")
     args = parser.parse_args()
-    checkpointing = importlib.import_module(f"{args.package}.utils.checkpointing")
+    checkpointing = importlib.import_module(f"{args.package}.runs.checkpoints")
     timing = importlib.import_module(f"{args.package}.utils.timing")
     tracking = importlib.import_module(f"{args.package}.utils.tracking")
     classifier = importlib.import_module(f"{args.package}.models.classifier").Classifier

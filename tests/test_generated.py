@@ -71,7 +71,7 @@ def test_layout(generated, key):
         ".copier-answers.yml",
     ]:
         assert (project / path).is_file(), path
-    for path in ["cli.py", "__main__.py", "models/classifier.py", "models/regressor.py", "utils/record.py"]:
+    for path in ["cli.py", "__main__.py", "models/classifier.py", "models/regressor.py", "runs/record.py"]:
         assert (package / path).is_file(), path
     # The bundled dataset of the task, and not the other one.
     dataset, other = ("diabetes", "digits") if MATRIX[key]["task"] == "regression" else ("digits", "diabetes")

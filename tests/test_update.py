@@ -600,6 +600,34 @@ def test_the_rename_migration_needs_trust_and_keeps_the_users_experiment(templat
     assert_clean_merge(project)
 
 
+@pytest.mark.skipif(
+    version(NEWEST) < version("v0.5.0") or "v0.4.0" not in dict(EARLIER), reason="v0.5.0 moved the modules"
+)
+def test_an_edited_module_that_the_update_moves_is_kept_beside_its_new_home(template_repo, tmp_path, capfd):
+    project = copy_at(template_repo, "v0.4.0", tmp_path / "upgraded")
+    package = project / "src" / PACKAGE
+    edited = package / "utils" / "runs.py"
+    ours = "# Our runs are kept for 30 days.\n"
+    edited.write_text(edited.read_text() + ours)
+    commit_all(project, "a note on our runs")
+    capfd.readouterr()
+
+    update(project, unsafe=True)
+    # Copier deletes every module the template moved; the migration kept the edited one.
+    for moved in ("runs", "record", "summary", "interrupts", "checkpointing", "sweep_trial"):
+        assert not (package / "utils" / f"{moved}.py").exists(), moved
+    assert (package / "utils" / "runs.py.edited").read_text().endswith(ours)
+    assert sorted(path.name for path in package.rglob("*.edited")) == ["runs.py.edited"]
+    assert (package / "runs" / "directory.py").is_file()
+    assert ours not in (package / "runs" / "directory.py").read_text()
+    assert (
+        f"note: src/{PACKAGE}/utils/runs.py moved to src/{PACKAGE}/runs/directory.py in v0.5.0; your edited "
+        f"version is kept as src/{PACKAGE}/utils/runs.py.edited: carry your changes over to the new file, "
+        "then delete it"
+    ) in capfd.readouterr().err
+    assert_clean_merge(project)
+
+
 def test_changing_an_answer_adds_and_removes_exactly_the_logger_files(template_repo, tmp_path):
     project = copy_at(template_repo, "HEAD", tmp_path / "upgraded")
     for loggers in (["wandb", "tensorboard"], ["csv"]):

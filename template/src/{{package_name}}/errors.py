@@ -1,4 +1,10 @@
-"""The error for settings that cannot work, found once the data and the model are set up."""
+"""The errors a command prints as one line: settings refused while the command line is read, and
+settings that cannot work, found once the data and the model are set up."""
+
+
+class UsageError(ValueError):
+    """A setting refused while the command line is read, before anything is built: printed as the
+    parser prints its own errors."""
 
 
 class ConfigError(ValueError):

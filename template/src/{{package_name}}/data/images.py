@@ -12,24 +12,29 @@ import re
 import warnings
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveFloat, PositiveInt
-from lightning.pytorch import LightningDataModule
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
-from sklearn.model_selection import train_test_split
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
-from torchdata.stateful_dataloader import StatefulDataLoader
+from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 from torchvision.transforms import v2
 
 from ..errors import ConfigError
-from .base import EpochSampler, check_subset, subset_size
 from .preprocessing import Preprocessing
+from .splits import (
+    EpochSampler,
+    SplitDataModule,
+    check_fractions,
+    check_subset,
+    loader_seed,
+    split_indices,
+    subset_size,
+)
 
 SPLITS = ("train", "val", "test")
 # Evaluation resizes the shorter side to the crop size over this ratio, then crops the centre.
@@ -122,7 +127,7 @@ class SeededEpochSampler(EpochSampler):
             yield index, epoch
 
 
-class ImageFolderDataModule(LightningDataModule):
+class ImageFolderDataModule(SplitDataModule):
     """A folder of images, one subfolder per class, split into train, val and test.
 
     With ``train/``, ``val/`` and ``test/`` subfolders in ``root``, each is a split, and each
@@ -156,6 +161,7 @@ class ImageFolderDataModule(LightningDataModule):
     """
 
     task = "classification"
+    sampler_class = SeededEpochSampler
 
     def __init__(
         self,
@@ -182,11 +188,7 @@ class ImageFolderDataModule(LightningDataModule):
             raise ValueError(f"data.crop_scale must be two fractions, low to high, got {list(crop_scale)}")
         if not 0 <= color_jitter < 1:
             raise ValueError(f"data.color_jitter must be in [0, 1), got {color_jitter}")
-        if val_fraction + test_fraction >= 1:
-            raise ValueError(
-                "data.val_fraction + data.test_fraction must be below 1, "
-                f"got {val_fraction} + {test_fraction}"
-            )
+        check_fractions(val_fraction, test_fraction)
         self.save_hyperparameters()
         self.batch_size = batch_size
         self.files: dict[str, list[str]] = {}
@@ -271,18 +273,10 @@ class ImageFolderDataModule(LightningDataModule):
 
     def _split(self, files: list[str], labels: list[int]) -> dict[str, tuple[list[str], list[int]]]:
         hparams = self.hparams
-        holdout = hparams.val_fraction + hparams.test_fraction
-        indices = np.arange(len(files))
         labels_array = np.asarray(labels)
         try:
-            train, rest = train_test_split(
-                indices, test_size=holdout, stratify=labels_array, random_state=hparams.split_seed
-            )
-            val, test = train_test_split(
-                rest,
-                test_size=hparams.test_fraction / holdout,
-                stratify=labels_array[rest],
-                random_state=hparams.split_seed,
+            splits = split_indices(
+                len(files), hparams.val_fraction, hparams.test_fraction, hparams.split_seed, labels_array
             )
         except ValueError as error:
             raise ConfigError(
@@ -291,7 +285,7 @@ class ImageFolderDataModule(LightningDataModule):
             ) from None
         return {
             split: ([files[i] for i in rows], [labels[i] for i in rows])
-            for split, rows in zip(SPLITS, (train, val, test), strict=True)
+            for split, rows in zip(SPLITS, splits, strict=True)
         }
 
     def setup(self, stage: str) -> None:
@@ -317,45 +311,16 @@ class ImageFolderDataModule(LightningDataModule):
         steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(hparams.mean), list(hparams.std))]
         return v2.Compose(steps)
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
+    def dataset(self, split: str, train: bool) -> ImageFiles:
+        return ImageFiles(self.files[split], self.labels[split], self.transform(train), loader_seed())
 
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("test")
-
-    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
-        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-        dataset = ImageFiles(self.files[split], self.labels[split], self.transform(train=shuffle), seed)
-        replicas, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-        if shuffle:
-            sampler = SeededEpochSampler(dataset, num_replicas=replicas, rank=rank, shuffle=True, seed=seed)
-            sampler.set_epoch(self.trainer.current_epoch if self.trainer else 0)
-        else:
-            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=replicas, rank=rank, shuffle=False)
+    def loader_options(self, processes: int) -> dict[str, Any]:
         workers = self.hparams.num_workers
-        if workers is None:
-            workers = default_workers(replicas)
-        pin_memory = self.hparams.pin_memory
-        if pin_memory is None:
-            pin_memory = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
-        loader_class = StatefulDataLoader if shuffle else DataLoader
-        return loader_class(
-            dataset,
-            batch_size=self.batch_size,
-            sampler=sampler,
-            drop_last=shuffle and self.hparams.drop_last,
-            num_workers=workers,
-            pin_memory=pin_memory,
-            persistent_workers=workers > 0,
-            # Worker seeds come from this generator, never from the global one that dropout uses.
-            generator=torch.Generator().manual_seed(seed),
-        )
+        return {"num_workers": default_workers(processes) if workers is None else workers}
+
+    def sample_columns(self, indices: list[int]) -> dict[str, list]:
+        """``file``: each sample's image file."""
+        return {"file": [self.files[self.predict_split][i] for i in indices]}
 
 
 def default_workers(processes: int) -> int:

@@ -30,7 +30,11 @@ class SupervisedModule(LightningModule):
 
     A subclass sets ``metrics`` (a ``MetricCollection``) and implements ``objective`` (the
     per-sample training loss), ``evaluation_loss`` (the per-sample loss reported on val and test),
-    ``targets_for_metrics`` and ``predict_step``.
+    ``metric_inputs`` (what the metrics compare) and ``predict_step``; it sets ``task``, and a
+    classifier gives its ``class_names``, which the callbacks read.
+
+    What it reads of the data module (``trainer.datamodule``) is written down in
+    ``data/contract.py``: its ``task``, ``batch_size`` and fitted ``preprocessing``.
 
     The constrained types (``PositiveFloat`` and the like) make the CLI refuse an impossible value
     at start-up, naming its key.
@@ -124,7 +128,7 @@ class SupervisedModule(LightningModule):
         outputs = self(x)
         loss = self.objective(outputs, y).mean()
         # Collected, and added to the epoch's metrics in one update on the steps the loggers
-        # write: updating them after every step took a tenth of the default model's step time.
+        # write, rather than updating them after every step.
         self.train_outputs.append((*self.metric_inputs(outputs.detach(), y), loss.detach()))
         # Logged, and checked, only on the steps the loggers write: those read the value anyway,
         # so no other step waits for the device or pays for logging. No checkpoint is ever saved
@@ -160,8 +164,8 @@ class SupervisedModule(LightningModule):
         return self._evaluate(batch, self.test_metrics, self.test_loss)
 
     def _evaluate(self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, loss: MeanMetric) -> Tensor:
-        # Accumulated in metrics and logged once, at the epoch's end: a self.log call per batch
-        # cost more than the batch itself. The mean is over samples, whatever the batches' sizes.
+        # Accumulated in metrics and logged once, at the epoch's end, rather than by a self.log
+        # call per batch. The mean is over samples, whatever the batches' sizes.
         x, y = batch
         outputs = self(x)
         loss.update(self.evaluation_loss(outputs, y))

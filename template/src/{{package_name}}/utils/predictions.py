@@ -10,14 +10,13 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from ..data.base import ArrayDataModule
-from ..data.images import ImageFolderDataModule
-from ..models import Regressor
+from ..data.contract import SupervisedDataModule
 
 
 def is_regression(trainer: Trainer, pl_module: LightningModule) -> bool:
-    """Whether the run predicts a numeric target rather than classes."""
-    return isinstance(pl_module, Regressor) or getattr(trainer.datamodule, "task", None) == "regression"
+    """Whether the run predicts a numeric target rather than classes: the ``task`` of the model or
+    of the data."""
+    return "regression" in (getattr(pl_module, "task", None), getattr(trainer.datamodule, "task", None))
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -27,13 +26,13 @@ class PredictionWriter(BasePredictionWriter):
       name: ``label`` is the true class, ``predicted`` the most probable one;
     - regression: ``index, row, target, prediction``, both in the target's own units.
 
-    ``index`` is the sample's position in the predicted split; ``row`` its row in the data the data
-    module loaded (for a data file, the file's row; for ``predict --inputs``, the row in that
-    file), when the data module is an ``ArrayDataModule``; ``file`` the image file, when it is an
-    ``ImageFolderDataModule``. ``label`` and ``target`` are present
-    when the batches carry them (``(inputs, labels)``). Under DDP each process writes its own
-    share to ``predictions-rank<N>.csv``. ``written`` holds each file this process wrote and its
-    number of rows; the loggers get the total as ``predict/rows``.
+    ``index`` is the sample's position in the predicted split; then the columns the data module's
+    ``sample_columns`` gives (see ``data/contract.py``): an ``ArrayDataModule``'s ``row``, the
+    sample's row in the data it loaded (for a data file, the file's row; for ``predict --inputs``,
+    the row in that file), an ``ImageFolderDataModule``'s ``file``, the image file. ``label`` and
+    ``target`` are present when the batches carry them (``(inputs, labels)``). Under DDP each
+    process writes its own share to ``predictions-rank<N>.csv``. ``written`` holds each file this
+    process wrote and its number of rows; the loggers get the total as ``predict/rows``.
     """
 
     def __init__(self) -> None:
@@ -72,11 +71,8 @@ class PredictionWriter(BasePredictionWriter):
         labels = torch.cat(self._labels) if self._labels else None
         indices = [index for batch in batch_indices[0] for index in batch]
         columns: dict[str, list] = {"index": indices}
-        datamodule = trainer.datamodule
-        if isinstance(datamodule, ArrayDataModule):
-            columns["row"] = datamodule.rows[datamodule.predict_split][indices].tolist()
-        elif isinstance(datamodule, ImageFolderDataModule):
-            columns["file"] = [datamodule.files["test"][i] for i in indices]
+        if isinstance(trainer.datamodule, SupervisedDataModule):
+            columns |= trainer.datamodule.sample_columns(indices)
         if is_regression(trainer, pl_module):
             columns |= regression_columns(outputs, labels)
         else:

@@ -1,11 +1,10 @@
 """Weights & Biases, run beside the training rather than inside it.
 
 Lightning's ``WandbLogger`` imports wandb and starts its run in the training process, before the
-first step: 1.5 to 2 s here, most of it importing wandb's modules, and each logging call then
-costs the step about a millisecond. This logger starts a process of its own for the run
-(``wandb_process.py``) when there is first something to log, and sends it what to log as lines
-on a pipe; the training goes on meanwhile, on the machine's other cores. The run is an ordinary
-wandb run, offline by default: ``wandb sync`` uploads it, and online it logs live.
+first step, and each logging call then takes time from the step. This logger starts a process of its
+own for the run (``wandb_process.py``) when there is first something to log, and sends it what to
+log as lines on a pipe; the training goes on meanwhile, on the machine's other cores. The run is an
+ordinary wandb run, offline by default: ``wandb sync`` uploads it, and online it logs live.
 
 For what this logger does not offer (artifacts, ``watch``, logging checkpoints), configure
 ``lightning.pytorch.loggers.WandbLogger`` instead: the project supports both.
@@ -26,7 +25,7 @@ from typing import Any
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
-from .summary import is_verbose
+from .console import is_verbose
 
 PROCESS = Path(__file__).with_name("wandb_process.py")
 # Seconds the end of a command waits for the wandb process to finish its run (an online run may
@@ -178,3 +177,15 @@ def finish_runs() -> None:
     """Finish, as failed, the wandb runs that a failed command left running in this process."""
     for logger in list(_running):
         logger.finalize("failed")
+
+
+def end_tracking() -> None:
+    """Finish the wandb runs a failed command left open (Lightning finishes the others) and stop
+    wandb's service, so that the next command in this process (in a test or a notebook) starts
+    afresh, not in the state this one left."""
+    finish_runs()
+    wandb = sys.modules.get("wandb")
+    if wandb is not None:
+        if wandb.run is not None:
+            wandb.run.finish(exit_code=1)
+        wandb.teardown()

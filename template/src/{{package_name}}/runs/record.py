@@ -1,8 +1,6 @@
-"""The experiment record: one JSON line per run appended to ``experiments.jsonl``."""
+"""The experiment record's callback: one JSON line per fit and test appended to ``experiments.jsonl``
+(``runs/experiments.py`` writes and reads the file)."""
 
-import contextlib
-import json
-import os
 import subprocess
 import time
 from datetime import datetime
@@ -13,8 +11,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from ..models import Classifier
-from .checkpointing import LastCheckpoint
+from .checkpoints import LastCheckpoint
+from .experiments import append_line, read_lines
 
 
 def git_state() -> tuple[str | None, bool | None]:
@@ -47,39 +45,20 @@ def _number(value: Any) -> float | None:
     return None if value is None else round(float(value), 6)
 
 
-def append_line(path: Path, line: dict[str, Any]) -> None:
-    """Append ``line`` to the record, on a line of its own even after a last line that lacks its
-    newline (cut short by a crash, or edited by hand), which would otherwise take this one in."""
-    with path.open("a+b") as file:
-        file.seek(max(file.seek(0, os.SEEK_END) - 1, 0))
-        cut_short = file.read(1) not in (b"", b"\n")
-        # One write, which appends whole even beside another process's (a sweep's workers).
-        file.write(b"\n" * cut_short + json.dumps(line, default=str).encode() + b"\n")
-
-
-def read_lines(path: Path) -> list[dict[str, Any]]:
-    """The lines of the record that are JSON objects; ``scripts/report.py`` names the others."""
-    lines = []
-    for data in path.read_bytes().splitlines():
-        with contextlib.suppress(ValueError):  # not UTF-8, or not JSON
-            lines.append(json.loads(data.decode()))
-    return [line for line in lines if isinstance(line, dict)]
-
-
 class ExperimentRecord(Callback):
     """Appends one line after each fit and each test, written by the global rank 0 process only.
 
-    A fit line holds the monitored metric's best value and epoch, the best and last checkpoints,
-    and what became of missing values (``missing_values``, from an ``ArrayDataModule``: the rule,
-    the table's rows, those dropped and the values imputed); a test line holds the test metrics and
-    the checkpoint they came from. A classifier's lines also hold its ``classes``, the class names
-    by class index. ``summary`` carries what the CLI knows of the run: name, model, dataset, seed
-    and key hyper-parameters. A fit stopped by SIGTERM or Ctrl-C writes its line too, with
-    ``status`` ``interrupted`` instead of ``finished``; a sweep's trial stopped by its pruner has
-    ``pruned``. A run resumed after an interruption is trained in parts, one a process: each
+    A fit line holds the monitored metric's best value and epoch, the best and last checkpoints, and
+    what became of missing values (the data module's ``missing_values``: the rule, the table's rows,
+    those dropped and the values imputed); a test line holds the test metrics and the checkpoint
+    they came from. A classifier's lines also hold its ``classes``, the class names by class index
+    (the model's ``class_names``). ``summary`` carries what the CLI knows of the run: name, model,
+    dataset, seed and key hyper-parameters. A fit stopped by SIGTERM or Ctrl-C writes its line too,
+    with ``status`` ``interrupted`` instead of ``finished``; a sweep's trial stopped by its pruner
+    has ``pruned``. A run resumed after an interruption is trained in parts, one a process: each
     checkpoint carries the parts so far, and a fit's line lists them (``parts``: when each started
-    and its time) with ``wall_time_s`` their total. ``last_line`` gives the line of a stage, for
-    the summary the command ends with.
+    and its time) with ``wall_time_s`` their total. ``last_line`` gives the line of a stage, for the
+    summary the command ends with.
     """
 
     def __init__(self, path: str | Path, summary: dict[str, Any]) -> None:
@@ -108,7 +87,7 @@ class ExperimentRecord(Callback):
         self._earlier_parts = state_dict.get("parts", earlier)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # A trial of a sweep that its pruner stopped early (utils/sweep_trial.py).
+        # A trial of a sweep that its pruner stopped early (sweeps/trial.py).
         pruned = any(getattr(callback, "pruned", False) for callback in trainer.callbacks)
         self._write_fit(trainer, pl_module, "pruned" if pruned else "finished")
 
@@ -151,10 +130,11 @@ class ExperimentRecord(Callback):
     def _write(self, trainer: Trainer, pl_module: LightningModule, **fields: Any) -> None:
         if not trainer.is_global_zero:
             return
+        classes = getattr(pl_module, "class_names", None)  # a classifier's
         line = {
             "time": _now(),
             **self.summary,
-            **({"classes": pl_module.class_names} if isinstance(pl_module, Classifier) else {}),
+            **({"classes": classes} if classes is not None else {}),
             "wall_time_s": round(time.perf_counter() - self._started, 2),
             **fields,
         }

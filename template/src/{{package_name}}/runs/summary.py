@@ -1,25 +1,22 @@
-"""What a command prints: the block of lines it ends with (what the run gave, and where it went),
-and whether it prints the rest too.
+"""What a command ends with: the block of lines that says what the run gave, and where it went;
+or, when it fails on an error a user can act on, one line.
 
 Paths are shown as a shell would take them from where the command ran: relative when they are
 below that directory, absolute otherwise. By default a command prints the progress bar, its
-summary and warnings; ``--verbose``, or ``<PACKAGE>_VERBOSE=1``, brings back Lightning's
-information lines, its model summary and metrics tables, and wandb's lines.
+summary and warnings (``utils/console.py`` says what ``--verbose`` adds).
 """
 
-import os
+import errno
 import shlex
 from pathlib import Path
 from typing import Any
 
+import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
 from ..data.tables import describe_missing
-
-# Set by --verbose, and seen by the processes a command starts (DDP's, wandb's) too.
-VERBOSE_VARIABLE = f"{__package__.split('.')[0].upper()}_VERBOSE"
-
-
-def is_verbose() -> bool:
-    return os.environ.get(VERBOSE_VARIABLE, "") not in ("", "0")
+from ..errors import ConfigError
+from ..utils.memory import is_out_of_memory
 
 
 def shown(path: str | Path) -> str:
@@ -73,3 +70,28 @@ def predict_summary(checkpoint: str | None, files: list[tuple[Path, int]]) -> st
     of = f" of {shown(checkpoint)}" if checkpoint else ""
     rows = {shown(path): f"{count:,} rows" for path, count in files}
     return "\n".join([f"Predictions{of}:", *_rows(rows)])
+
+
+def failure_line(error: BaseException, run: bool) -> str | None:
+    """The one line a command ends with on ``error``, or None for a traceback."""
+    if isinstance(error, ConfigError | FloatingPointError | MisconfigurationException):
+        return f"error: {error}"
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return f"error: {error.strerror}"
+    if isinstance(error, RuntimeError) and run and is_out_of_memory(error):
+        # OutOfMemoryReport has printed where and what to change, and saved what it could.
+        return f"error: out of memory ({str(error).splitlines()[0]})"
+    if isinstance(error, RuntimeError) and run and _is_collective_timeout(error):
+        return (
+            "error: a DDP process waited longer than --ddp_timeout_s for the others in a collective "
+            f"operation; one is stuck or gone ({str(error).splitlines()[0]})"
+        )
+    return None
+
+
+def _is_collective_timeout(error: RuntimeError) -> bool:
+    """Whether a collective operation failed because a process waited too long, here or in another
+    process (which then closes or resets the connections)."""
+    text = str(error).lower()
+    signs = ("timed out", "timeout", "connection reset by peer", "connection closed by peer")
+    return isinstance(error, torch.distributed.DistError) or any(sign in text for sign in signs)

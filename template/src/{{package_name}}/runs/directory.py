@@ -17,9 +17,12 @@ import fcntl
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import IO
 
+RUNS_DIR = Path("checkpoints")  # the default of --runs_dir
+LAST_CHECKPOINT = "last.ckpt"  # the newest checkpoint of a run, in its directory
 LOCK_FILE = ".lock"
 NAME = re.compile(r"[\w][\w.=+@-]*")
 
@@ -48,7 +51,7 @@ def run_of(checkpoint: Path, runs_dir: Path) -> str | None:
 
 def latest_checkpoint(runs_dir: Path, run_name: str | None) -> Path:
     """The newest ``last.ckpt`` of the run ``run_name``, or of any run in ``runs_dir``."""
-    pattern = f"{run_name}/last.ckpt" if run_name else "*/last.ckpt"
+    pattern = f"{run_name or '*'}/{LAST_CHECKPOINT}"
     found = sorted(runs_dir.glob(pattern), key=lambda path: path.stat().st_mtime)
     if not found:
         raise RunDirectoryError(f"--ckpt_path last: no {runs_dir / pattern} to resume from")
@@ -58,7 +61,7 @@ def latest_checkpoint(runs_dir: Path, run_name: str | None) -> Path:
 def claim(run_dir: Path, resumed: bool) -> None:
     """Refuse ``run_dir`` unless it is new or ``resumed``, then lock it for this process."""
     if not resumed and run_dir.is_dir() and any(path.name != LOCK_FILE for path in run_dir.iterdir()):
-        last = run_dir / "last.ckpt"
+        last = run_dir / LAST_CHECKPOINT
         held = "a run that saved no checkpoint"
         if last.is_file():
             held = f"a run: resume it with --ckpt_path {last}"
@@ -119,3 +122,16 @@ def _lock(run_dir: Path) -> None:
     file.write(f"{os.getpid()}\n")
     file.flush()
     _held[key] = file
+
+
+def wait_until_free(run_dir: Path, timeout_s: float = 120) -> None:
+    """Wait until no process trains in ``run_dir`` (a killed run's process may still be saving)."""
+    lock = run_dir / LOCK_FILE
+    deadline = time.monotonic() + timeout_s
+    while lock.is_file() and time.monotonic() < deadline:
+        with lock.open() as file:
+            try:
+                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                time.sleep(0.5)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import optuna
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from .interrupts import end_with_parent
+from ..runs.interrupts import end_with_parent
 
 
 def open_storage(storage: str) -> Any:

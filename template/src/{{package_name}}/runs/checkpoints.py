@@ -117,12 +117,12 @@ class LastCheckpoint(Checkpoint):
     It is saved after every training epoch (after validation), every ``every_n_train_steps``
     optimizer steps if that is above 0, and when SIGTERM or Ctrl-C stops the run: at the end of
     the optimizer step under way, or of the epoch if the signal comes during its last step or its
-    validation (see ``utils/interrupts.py``). Then one line says what was saved and how to resume.
+    validation (see ``runs/interrupts.py``). Then one line says what was saved and how to resume.
     Every checkpoint of the run also carries the random number generators' states and the
     loggers' run ids, so that a resumed run draws the same dropout masks and continues the same
     logger runs. Weights that are no longer finite are never saved.
-    (``ModelCheckpoint(save_last=True)`` in Lightning 2.6 rewrites ``last.ckpt`` only when it
-    also saves a best checkpoint.)
+    (``ModelCheckpoint(save_last=True)`` would rewrite ``last.ckpt`` only when it also saves a
+    best checkpoint.)
 
     Being a ``Checkpoint``, it runs after early stopping and the best-checkpoint callback, so the
     state it saves includes their decisions for the epoch.

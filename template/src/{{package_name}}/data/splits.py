@@ -1,0 +1,129 @@
+"""The seeded train/val/test split, the subset and the loaders that every data module here shares."""
+
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from sklearn.model_selection import train_test_split
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from .contract import SupervisedDataModule
+
+
+class EpochSampler(DistributedSampler):
+    """DDP's sampler, drawing an epoch's order when iteration starts rather than when the
+    iterator is made: the stateful loader makes it before Lightning calls ``set_epoch``.
+    """
+
+    def __iter__(self) -> Iterator[int]:
+        yield from super().__iter__()
+
+
+def check_fractions(val_fraction: float, test_fraction: float) -> None:
+    if val_fraction + test_fraction >= 1:
+        raise ValueError(
+            f"data.val_fraction + data.test_fraction must be below 1, got {val_fraction} + {test_fraction}"
+        )
+
+
+def check_subset(subset: float | None) -> None:
+    if subset is not None and subset > 1 and not float(subset).is_integer():
+        raise ValueError(f"data.subset must be a fraction below 1 or a whole number of samples, got {subset}")
+
+
+def subset_size(subset: float | None, size: int) -> int:
+    """How many of a split's ``size`` samples ``data.subset`` keeps (all when it is unset)."""
+    if subset is None:
+        return size
+    if subset < 1:
+        return max(1, math.ceil(subset * size))
+    return min(int(subset), size)
+
+
+def split_indices(
+    size: int, val_fraction: float, test_fraction: float, seed: int, classes: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The indices of ``size`` samples split into train, val and test by ``seed`` alone,
+    stratified by ``classes`` when given; scikit-learn's ValueError when a class is too small."""
+    holdout = val_fraction + test_fraction
+    train, rest = train_test_split(np.arange(size), test_size=holdout, stratify=classes, random_state=seed)
+    val, test = train_test_split(
+        rest,
+        test_size=test_fraction / holdout,
+        stratify=None if classes is None else classes[rest],
+        random_state=seed,
+    )
+    return train, val, test
+
+
+def loader_seed() -> int:
+    """The seed of the loaders' order and augmentation: the training seed."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+
+class SplitDataModule(SupervisedDataModule):
+    """Train, val and test splits, served so that a resumed run sees the same batches as one
+    that never stopped.
+
+    The shuffled order of an epoch depends only on the seed and the epoch number, as in DDP, and
+    the loaders draw from their own generator, never from the global one that dropout uses; the
+    training loader can also save and restore its position mid-epoch. A subclass gives each
+    split's ``dataset``, and may change ``sampler_class`` (the training sampler) and
+    ``loader_options``.
+    """
+
+    sampler_class: type[EpochSampler] = EpochSampler
+    predict_split = "test"  # the split ``predict`` runs on
+
+    def dataset(self, split: str, train: bool) -> Dataset:
+        """The samples of ``split``; augmented, if at all, when ``train``."""
+        raise NotImplementedError
+
+    def loader_options(self, processes: int) -> dict[str, Any]:
+        """The loaders' ``num_workers``, and any other ``DataLoader`` argument of this data's own,
+        with ``processes`` training processes."""
+        return {"num_workers": self.hparams.num_workers}
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.predict_split)
+
+    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
+        seed = loader_seed()
+        dataset = self.dataset(split, train=shuffle)
+        replicas, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        if shuffle:
+            sampler = self.sampler_class(dataset, num_replicas=replicas, rank=rank, shuffle=True, seed=seed)
+            sampler.set_epoch(self.trainer.current_epoch if self.trainer else 0)
+        else:
+            # Each process evaluates every replicas-th sample, so each sample counts once in the
+            # metrics; DistributedSampler would repeat samples to give the processes equal shares.
+            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=replicas, rank=rank, shuffle=False)
+        options = self.loader_options(replicas)
+        pin_memory = self.hparams.pin_memory
+        if pin_memory is None:
+            pin_memory = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        loader_class = StatefulDataLoader if shuffle else DataLoader
+        return loader_class(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            drop_last=shuffle and self.hparams.drop_last,
+            pin_memory=pin_memory,
+            persistent_workers=options["num_workers"] > 0,
+            generator=torch.Generator().manual_seed(seed),
+            **options,
+        )

@@ -1,0 +1,91 @@
+"""What every run's Trainer gets besides what its config names: the project's callbacks, atomic
+checkpoint writing, Slurm's environment without Lightning's own requeueing, and a time limit on
+DDP's collective operations."""
+
+from datetime import timedelta
+from typing import Any
+
+from jsonargparse import Namespace
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import Callback, DeviceStatsMonitor
+from lightning.pytorch.plugins import CheckpointIO
+from lightning.pytorch.plugins.environments import ClusterEnvironment, SLURMEnvironment
+from lightning.pytorch.strategies import DDPStrategy
+
+from ..errors import UsageError
+from ..utils import MonitorCheck, OutOfMemoryReport, PredictionWriter, ProgressBar, StageTimer, TestReport
+from .checkpoints import AtomicCheckpointIO, LastCheckpoint
+from .experiments import RECORD_FILE
+from .record import ExperimentRecord
+from .start import resume_command
+
+# Lightning calls every hook of every callback, so the ones that serve a single subcommand join only
+# that one (or all, when the caller picks what to run).
+SINGLE = {"predict": PredictionWriter, "test": TestReport, "fit": MonitorCheck}
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value] if value else []
+
+
+def callbacks(config: Namespace, trainer: Namespace, subcommand: str | None) -> list[Callback]:
+    """The configured callbacks (``trainer``: the config's objects), then the project's own."""
+    added = [
+        StageTimer(),
+        ExperimentRecord(RECORD_FILE, described(config)),
+        *(callback() for stage, callback in SINGLE.items() if subcommand in (stage, None)),
+        OutOfMemoryReport(),
+    ]
+    if config.get("device_stats"):
+        if not trainer.get("logger"):
+            raise UsageError("device_stats needs a logger to write to; trainer.logger is off")
+        added.append(DeviceStatsMonitor())
+    if trainer.get("enable_progress_bar") is not False:
+        added.append(ProgressBar())
+    return [*_as_list(trainer.get("callbacks")), *added]
+
+
+def plugins(trainer: Namespace) -> list[Any]:
+    """The configured plugins, with atomic checkpoint writing and, under Slurm, its environment."""
+    chosen = [*_as_list(trainer.get("plugins"))]
+    if not any(isinstance(plugin, CheckpointIO) for plugin in chosen):
+        chosen.append(AtomicCheckpointIO())
+    if SLURMEnvironment.detect() and not any(isinstance(plugin, ClusterEnvironment) for plugin in chosen):
+        # scripts/slurm/train.sbatch requeues the job and SIGTERM saves last.ckpt; Lightning's own
+        # requeueing would also save a mid-step checkpoint that resuming does not use.
+        chosen.append(SLURMEnvironment(auto_requeue=False))
+    return chosen
+
+
+def finish(built: Trainer, config: Namespace, words: list[str], subcommand: str | None) -> None:
+    """Limit how long a DDP collective waits, and tell ``last.ckpt`` how to resume this run."""
+    if isinstance(built.strategy, DDPStrategy):
+        # Lightning's default lets a collective wait 30 minutes for a process that is gone.
+        built.strategy._timeout = timedelta(seconds=config.ddp_timeout_s)
+    if subcommand == "fit" and words:
+        for callback in built.callbacks:
+            if isinstance(callback, LastCheckpoint):
+                callback.resume_command = resume_command(words, config.run_name)
+
+
+def described(config: Namespace) -> dict[str, Any]:
+    """What the experiment record says about the run besides its results."""
+    model, data = config.model.init_args.as_dict(), config.data.init_args.as_dict()
+    network = model.pop("network", None)
+    trainer = config.trainer
+    return {
+        "run_name": config.run_name,
+        "model": (network or config.model)["class_path"].rsplit(".", 1)[-1],
+        "dataset": config.data.class_path.rsplit(".", 1)[-1],
+        "seed": config.seed_everything,
+        "hparams": {
+            **model,
+            **data,
+            "network": network["init_args"] if network else None,
+            "max_epochs": trainer.max_epochs,
+            "precision": trainer.precision,
+            "accumulate_grad_batches": trainer.accumulate_grad_batches,
+            "gradient_clip_val": trainer.gradient_clip_val,
+            "devices": trainer.devices,
+        },
+    }

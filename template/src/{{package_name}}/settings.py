@@ -1,0 +1,220 @@
+"""The options a run takes besides LightningCLI's, and the checks on its settings made before
+anything is built: refused and mistyped options, the sizes taken from the data, the precision the
+device can run, and ``--config`` files."""
+
+import difflib
+import importlib
+import inspect
+import itertools
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from jsonargparse import Namespace
+from jsonargparse.typing import PositiveInt
+
+from .data import gives_sizes
+from .errors import ConfigError, UsageError, message_of
+from .models.base import check_task
+from .runs.directory import RUNS_DIR
+
+# LightningCLI's own optimizer options would bypass the model's warm-up and schedule.
+REFUSED_OPTIONS = {
+    "optimizer": "choose the optimizer with model.init_args.optimizer (a torch.optim class, e.g. "
+    "--model.init_args.optimizer=SGD), its arguments with model.init_args.optimizer_args, and the "
+    "learning rate with model.init_args.lr",
+    "lr_scheduler": "choose the schedule with model.init_args.schedule (cosine, linear or constant) "
+    "and its warm-up with model.init_args.warmup_steps",
+}
+# The options a run takes besides LightningCLI's: their type, default and help.
+OPTIONS = {
+    "run_name": (str | None, None, "Name of this run's directory under runs_dir (default: the start time)."),
+    "runs_dir": (
+        str,
+        str(RUNS_DIR),
+        "The directory that holds one directory per run, relative to where the command runs "
+        "(a scratch or shared filesystem, for example).",
+    ),
+    "weights": (
+        str | None,
+        None,
+        "Start from the weights in this file: a checkpoint, or a plain state_dict of the model "
+        "or of its network.",
+    ),
+    "inputs": (
+        str | None,
+        None,
+        "predict only: predict the samples in this .npy, .npz or .csv file instead of the "
+        "checkpoint's test split (features as in the training data, preprocessed as in training; "
+        "labels, if any, are kept).",
+    ),
+    "ddp_timeout_s": (
+        PositiveInt,
+        600,
+        "Seconds a DDP process waits for the others in one collective operation before the run fails "
+        "with an error (a process stuck or gone), instead of waiting forever.",
+    ),
+    **{option: (Any, None, f"Not used: {instead}.") for option, instead in REFUSED_OPTIONS.items()},
+    "device_stats": (
+        bool,
+        False,
+        "Log device statistics (the GPU's memory; CPU and RAM use on CPU) with Lightning's "
+        "DeviceStatsMonitor; configs/trainer/device_stats.yaml sets it.",
+    ),
+}
+
+# What each size taken from the data counts, as the messages say.
+SIZE_NAMES = {"in_features": "input features", "num_classes": "classes", "num_outputs": "regression target"}
+
+
+def refuse_options(config: Namespace) -> None:
+    for option, instead in REFUSED_OPTIONS.items():
+        if config.get(option) is not None:
+            raise UsageError(f"--{option} is not used by this project: {instead}")
+
+
+def check_config_words(words: list[str], package: str, subcommands: tuple[str, ...]) -> None:
+    """Refuse a ``--config`` before the subcommand (when ``subcommands`` are taken), and a config
+    file without settings."""
+    first = next((index for index, word in enumerate(words) if word in subcommands), len(words))
+    if subcommands and any(
+        word in ("-c", "--config") or word.startswith("--config=") for word in words[:first]
+    ):
+        raise ConfigError(f"put --config after the subcommand, e.g. python -m {package} fit --config ...")
+    for option, value in itertools.pairwise([*words, ""]):
+        path = Path(value if option in ("-c", "--config") else option.removeprefix("--config="))
+        if option.startswith(("-c", "--config")) and path.is_file() and not _has_settings(path):
+            raise ConfigError(f"--config {path} holds no settings (it is empty or all comments)")
+
+
+def _has_settings(config_file: Path) -> bool:
+    lines = (line.strip() for line in config_file.read_text().splitlines())
+    return any(line and not line.startswith("#") for line in lines)
+
+
+def use_inputs(config: Namespace, subcommand: str | None) -> None:
+    """Point the data module's ``predict_path`` at ``--inputs``, which only predict takes."""
+    if config.get("inputs") is None:
+        return
+    if subcommand != "predict":
+        raise UsageError(f"--inputs is for predict, not {subcommand}")
+    if "predict_path" not in config.data.init_args:
+        raise UsageError(f"--inputs: {config.data.class_path} reads no files of samples (predict_path)")
+    config.data.init_args.predict_path = config.inputs
+
+
+def leave_out_tables(config: Namespace) -> None:
+    """No model summary or metrics table: the fit's summary gives the number of parameters, and
+    test's its metrics."""
+    if config.trainer.enable_model_summary is None:
+        config.trainer.enable_model_summary = False
+    if "verbose" in config:
+        config.verbose = False
+
+
+def default_precision() -> str:
+    """bf16 mixed precision where the GPU supports it, fp16 mixed on older GPUs, fp32 on CPU."""
+    if not torch.cuda.is_available():
+        return "32-true"
+    return "bf16-mixed" if torch.cuda.is_bf16_supported(including_emulation=False) else "16-mixed"
+
+
+def check_precision(trainer: Namespace) -> None:
+    """Set the default precision, and refuse one the device cannot run, which Lightning would
+    silently replace."""
+    if trainer.precision is None:
+        trainer.precision = default_precision()
+    on_gpu = torch.cuda.is_available() and trainer.accelerator in ("auto", "gpu", "cuda")
+    precision = str(trainer.precision)
+    if precision.startswith("16") and not on_gpu:
+        raise UsageError(
+            f"trainer.precision={precision} needs a CUDA GPU (float16 autocast does not run on CPU); "
+            "use bf16-mixed or 32-true"
+        )
+    if (
+        precision.startswith("bf16")
+        and on_gpu
+        and not torch.cuda.is_bf16_supported(including_emulation=False)
+    ):
+        raise UsageError(f"trainer.precision={precision}: this GPU has no bfloat16; use 16-mixed")
+
+
+def set_sizes(config: Namespace) -> None:
+    """Give the model and its network the data's sizes (classes, input features, outputs) where
+    they are unset, and refuse one set by hand that differs from the data's."""
+    data_class = class_at(config.data.class_path)
+    if not gives_sizes(data_class):
+        return  # a data module of another kind: the sizes are as configured (data/contract.py)
+    try:
+        data = data_class(**config.data.init_args.as_dict())
+    except (KeyError, FileNotFoundError, ValueError) as error:
+        raise UsageError(message_of(error)) from error
+    check_task(class_at(config.model.class_path), data.task)
+    sizes = {"num_classes": data.num_classes, "in_features": data.num_features}  # reads the data
+    model = config.model.init_args
+    if "num_classes" in model:
+        _set_size(model, "model.init_args.num_classes", sizes["num_classes"], "classes")
+        sizes["num_classes"] = model.num_classes
+    # A network with num_outputs (a regression project's MLP) gives one per class on classes.
+    sizes["num_outputs"] = 1 if data.task == "regression" else sizes["num_classes"]
+    network = model.get("network")
+    if isinstance(network, Namespace) and isinstance(network.get("init_args"), Namespace):
+        _set_network_sizes(network, sizes, data.task)
+
+
+def _set_network_sizes(network: Namespace, sizes: dict[str, int | None], task: str) -> None:
+    # A size left at the network's own default counts as unset (a network written before the sizes
+    # came from the data has its own defaults there).
+    parameters = inspect.signature(class_at(network.class_path)).parameters
+    for key, value in sizes.items():
+        if key in network.init_args and value is not None:
+            if key in parameters and network.init_args[key] == parameters[key].default:
+                network.init_args[key] = None
+            what = "classes" if key == "num_outputs" and task != "regression" else SIZE_NAMES[key]
+            _set_size(network.init_args, f"model.init_args.network.init_args.{key}", value, what)
+
+
+def _set_size(settings: Namespace, key: str, size: int | None, what: str) -> None:
+    name = key.rpartition(".")[2]
+    if settings[name] is None:
+        settings[name] = None if size is None else int(size)  # not PositiveInt, which only the model takes
+    elif size is not None and settings[name] != size:
+        raise ConfigError(
+            f"The data has {size} {what} but {key} is {settings[name]}; "
+            "leave it unset to take it from the data"
+        )
+
+
+def class_at(class_path: str) -> Any:
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name, None)
+
+
+def mistyped_option(message: str) -> str:
+    """jsonargparse's report of an option that a model's or data module's class does not take, as
+    one line naming the key and the class's nearest options; any other message as it is."""
+    option = re.search(r"Option '(\w+)' is not accepted", message)
+    key = re.match(r'Parser key "([\w.]+)"', message)
+    classes = re.findall(r"class_path '([\w.]+)'", message[: option.start()]) if option else []
+    owner = class_at(classes[-1]) if classes else None
+    if not (option and key and isinstance(owner, type)):
+        return message
+    nested = re.search(r"NestedArg\(key='([\w.]+)'", message)
+    full_key = f"{key[1]}.init_args.{nested[1] if nested else option[1]}"
+    names = _options(owner)
+    nearest = difflib.get_close_matches(option[1], names)
+    hint = f"did you mean {' or '.join(nearest)}?" if nearest else f"it takes {', '.join(names)}"
+    return f"{full_key}: {owner.__name__} takes no {option[1]!r}; {hint}"
+
+
+def _options(owner: type) -> list[str]:
+    """The arguments of a class, with those its base classes take through ``**kwargs``."""
+    names: dict[str, None] = {}
+    variable = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    for klass in owner.__mro__:
+        if "__init__" in vars(klass) and not klass.__module__.startswith(("lightning", "torch", "builtins")):
+            for parameter in inspect.signature(klass.__init__).parameters.values():
+                if parameter.name != "self" and parameter.kind not in variable:
+                    names[parameter.name] = None
+    return list(names)

@@ -1,0 +1,155 @@
+"""A sweep's Optuna study: where it is stored, how its sampler draws, and opening it (created, or
+continued only with the same settings)."""
+
+import os
+from pathlib import Path
+from typing import Any
+
+import optuna
+import sqlalchemy.exc
+from optuna.distributions import BaseDistribution as Distribution
+from optuna.trial import FrozenTrial, TrialState
+
+from .spec import SweepError, check_name, read_sweep
+
+SWEEPS_DIR = Path("sweeps")
+# What must stay the same for a study to be continued: its trials are comparable only then.
+KEPT = ("metric", "direction", "parameters", "fit_args")
+
+
+def storage_of(name: str, storage: str | None) -> str:
+    """The storage of study ``name``: the one given, or ``sweeps/<name>.db``; in a Slurm job
+    array, whose tasks may run on several nodes, the journal file ``sweeps/<name>.journal``."""
+    if storage:
+        return storage
+    SWEEPS_DIR.mkdir(exist_ok=True)
+    if "SLURM_ARRAY_TASK_ID" in os.environ:
+        return str(SWEEPS_DIR / f"{name}.journal")
+    return f"sqlite:///{SWEEPS_DIR / name}.db"
+
+
+def open_storage(storage: str) -> optuna.storages.BaseStorage:
+    """What Optuna opens: a database URL, or a journal file (``.journal``); or a SweepError that
+    names the storage and what is wrong with it, before anything is written there."""
+    if storage.startswith("sqlite:///") or storage.endswith(".journal"):
+        _check_file(Path(storage.removeprefix("sqlite:///")), storage)
+    try:
+        if storage.endswith(".journal"):
+            return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage))
+        return optuna.storages.RDBStorage(storage)
+    except ImportError as error:
+        driver = error.__cause__ or error  # Optuna's message leaves out which module is missing
+        raise SweepError(f"{storage}: its database driver is not installed ({driver})") from None
+    except (OSError, ValueError, sqlalchemy.exc.SQLAlchemyError) as error:
+        reason = getattr(error, "orig", None) or error  # SQLAlchemy's message spans lines
+        raise SweepError(f"{storage}: {str(reason).splitlines()[0]}") from None
+
+
+def _check_file(path: Path, storage: str) -> None:
+    if path.suffix != ".journal" and path.is_file() and path.stat().st_size == 0:
+        # SQLite would take it for an empty database; more likely the wrong file was given.
+        raise SweepError(
+            f"{storage}: {path} is an empty file, not a study's database: give another, or delete it"
+        )
+    if not path.exists() and not path.parent.is_dir():
+        raise SweepError(f"{storage}: no directory {path.parent}")
+    if not path.exists() and not os.access(path.parent, os.W_OK):
+        raise SweepError(f"{storage}: directory {path.parent} is read-only")
+
+
+def sampler_of(sweep: dict[str, Any], seed: int) -> optuna.samplers.BaseSampler:
+    """The sweep's sampler, seeded with ``seed``."""
+    if sweep["sampler"] == "grid":
+        space = {name: spec["choices"] for name, spec in sweep["parameters"].items()}
+        return optuna.samplers.GridSampler(space, seed=seed)
+    if sweep["sampler"] == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    # constant_liar: a trial still running counts as a poor result, so that workers spread out.
+    return optuna.samplers.TPESampler(n_startup_trials=sweep["startup_trials"], seed=seed, constant_liar=True)
+
+
+class SeededByTrial(optuna.samplers.BaseSampler):
+    """The sweep's sampler, seeded anew for each trial from the sweep's seed and the trial's number.
+
+    Workers that ask for trials at the same moment see the same trials, so samplers seeded alike
+    (or by worker, which two Slurm tasks or two terminals share) would draw alike; the storage gives
+    every trial a number of its own. A study run by one worker draws the same values every time.
+    """
+
+    def __init__(self, sweep: dict[str, Any]) -> None:
+        self._sweep = sweep
+        self._sampler = sampler_of(sweep, sweep["seed"])
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self._sampler = sampler_of(self._sweep, self._sweep["seed"] * 1_000_003 + trial.number)
+        self._sampler.before_trial(study, trial)
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Distribution]:
+        return self._sampler.infer_relative_search_space(study, trial)
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, Distribution]
+    ) -> dict[str, Any]:
+        return self._sampler.sample_relative(study, trial, search_space)
+
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: Distribution
+    ) -> Any:
+        return self._sampler.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(
+        self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: list[float] | None
+    ) -> None:
+        self._sampler.after_trial(study, trial, state, values)
+
+
+def open_study(sweep: dict[str, Any], storage: str, fit_args: list[str], runs_dir: Path) -> optuna.Study:
+    """Create the study, or load it if it exists, refusing one whose trials were made otherwise."""
+    settings = {"metric": sweep["metric"], "direction": sweep["direction"]}
+    settings |= {"parameters": sweep["parameters"], "fit_args": fit_args}
+    opened = open_storage(storage)
+    if sweep["name"] not in optuna.get_all_study_names(opened):
+        # Its trials' run names would be those of an earlier study's runs, which fit refuses.
+        prefix = f"{sweep['name']}-"
+        earlier = sorted(path for path in runs_dir.glob(f"{prefix}*") if path.name[len(prefix) :].isdigit())
+        if earlier:
+            raise SweepError(
+                f"{earlier[0]} holds a run of an earlier study {sweep['name']}, not in {storage}: "
+                "give this sweep another name, or move those runs away"
+            )
+    study = optuna.create_study(
+        storage=opened,
+        study_name=sweep["name"],
+        direction=sweep["direction"],
+        load_if_exists=True,
+    )
+    kept = study.user_attrs.get("settings")
+    if kept is None:
+        study.set_user_attr("settings", settings)
+    elif kept != settings:
+        changed = ", ".join(key for key in KEPT if kept[key] != settings[key])
+        raise SweepError(
+            f"study {sweep['name']} in {storage} was run with another {changed}: run it with the same, "
+            "or give this sweep another name"
+        )
+    study.sampler = SeededByTrial(sweep)
+    return study
+
+
+def study_name(name_or_file: str) -> str:
+    """The study a sweep file names, or the name given."""
+    path = Path(name_or_file)
+    if path.suffix in (".yaml", ".yml"):
+        return read_sweep(path)["name"]
+    check_name(name_or_file, "study")
+    return name_or_file
+
+
+def existing_storage(name: str, storage: str | None) -> str:
+    """The storage of an existing study: the one given, or the one in sweeps/."""
+    if storage:
+        return storage
+    for path in (SWEEPS_DIR / f"{name}.db", SWEEPS_DIR / f"{name}.journal"):
+        if path.is_file():
+            return f"sqlite:///{path}" if path.suffix == ".db" else str(path)
+    raise SweepError(f"no study {name} in {SWEEPS_DIR}/: run its sweep first, or give --storage")

@@ -1,0 +1,278 @@
+"""A sweep's workers: each runs trials one after another, every trial one fit in a process of its
+own, until the study holds its budget; a trial killed with its worker is tried again, resuming its
+run; several workers on this machine with ``--workers``."""
+
+import ctypes
+import functools
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from ..runs.directory import LAST_CHECKPOINT, RUNS_DIR, wait_until_free
+from ..runs.experiments import RECORD_FILE, read_lines
+from .report import shown
+from .spec import SweepError, budget_of, suggest
+from .study import SWEEPS_DIR
+
+PACKAGE = __package__.rpartition(".")[0]
+TRIAL_CALLBACK = f"{PACKAGE}.sweeps.trial.SweepTrial"
+FAILURES_IN_A_ROW = 3
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+class Stopped(Exception):
+    """The worker was asked to stop (Ctrl-C, SIGTERM); its trial is tried again later."""
+
+
+class TrialFailed(Exception):
+    """The trial's fit failed by itself; its output says why."""
+
+
+class OverBudget(TrialFailed):
+    """Another worker started the budget's last trial between this worker's count and its start."""
+
+
+def worker_id() -> dict[str, Any]:
+    """Who runs a trial: this process, and the Slurm job task it belongs to."""
+    job = os.environ.get("SLURM_ARRAY_JOB_ID", os.environ.get("SLURM_JOB_ID"))
+    task = os.environ.get("SLURM_ARRAY_TASK_ID")
+    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm": job and f"{job}_{task}"}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def retry_killed(study: optuna.Study) -> None:
+    """Mark failed the running trials whose worker is gone, and queue each again with its values
+    and run: a worker of this machine whose process has ended, or an earlier start of this Slurm
+    job task (requeued). A worker gone on another machine is not seen here."""
+    me = worker_id()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = trial.user_attrs.get("worker")
+        if not worker or (worker["pid"] == me["pid"] and worker["host"] == me["host"]):
+            continue
+        same_task = me["slurm"] is not None and worker["slurm"] == me["slurm"]
+        if same_task or (worker["host"] == me["host"] and not _alive(worker["pid"])):
+            try:
+                study.tell(trial.number, state=TrialState.FAIL)
+            except ValueError:  # another worker was first
+                continue
+            print(f"trial {trial.number} was killed with its worker: trying it again", flush=True)
+            retry(study, trial.number, trial.params, trial.user_attrs["run_name"])
+
+
+def retry(study: optuna.Study, number: int, params: dict[str, Any], run_name: str) -> None:
+    study.enqueue_trial(params, user_attrs={"run_name": run_name, "retry_of": number})
+
+
+def fit_line(run_name: str, since: int) -> dict[str, Any] | None:
+    """The fit line that ``run_name`` wrote after the record's first ``since`` bytes, if any; a line
+    damaged by hand or by a crash is not this trial's (scripts/report.py names it)."""
+    if not RECORD_FILE.is_file():
+        return None
+    lines = read_lines(RECORD_FILE, since)
+    fits = [line for line in lines if (line.get("run_name"), line.get("stage")) == (run_name, "fit")]
+    return fits[-1] if fits else None
+
+
+def runs_dir_of(fit_args: list[str]) -> Path:
+    """The runs directory the trials' fits write into: their last ``--runs_dir``, or the default."""
+    runs_dir = RUNS_DIR
+    for option, value in itertools.pairwise([*fit_args, ""]):
+        if option == "--runs_dir":
+            runs_dir = Path(value)
+        elif option.startswith("--runs_dir="):
+            runs_dir = Path(option.removeprefix("--runs_dir="))
+    return runs_dir
+
+
+class Worker:
+    """Runs trials of one study, one after another, until it holds its budget of finished or
+    pruned trials (counting those other workers are running)."""
+
+    def __init__(self, sweep: dict[str, Any], study: optuna.Study, storage: str, fit_args: list[str]) -> None:
+        self.sweep, self.study, self.storage, self.fit_args = sweep, study, storage, fit_args
+        self.runs_dir = runs_dir_of(fit_args)
+        self.budget = budget_of(sweep)
+        # A worker started by --workers writes each trial's output to a file; the others, to the
+        # terminal (a Slurm task's, to its output file).
+        self.log_dir = SWEEPS_DIR / sweep["name"] / "logs" if "SWEEP_WORKER" in os.environ else None
+        self.outcome: type[Exception] | None = None  # how its last trial failed, if it did
+
+    def run(self) -> None:
+        failures = 0
+        while True:
+            retry_killed(self.study)
+            trials = self.study.get_trials(deepcopy=False)
+            finished = sum(trial.state in FINISHED for trial in trials)
+            running = sum(trial.state == TrialState.RUNNING for trial in trials)
+            if finished + running >= self.budget:
+                if running:
+                    print(f"the last {running} trials are running in other workers", flush=True)
+                return
+            self.outcome = None
+            self.study.optimize(self.objective, n_trials=1, catch=(TrialFailed,))
+            if self.outcome is OverBudget:
+                return
+            failures = failures + 1 if self.outcome is TrialFailed else 0
+            if failures >= FAILURES_IN_A_ROW:
+                raise SweepError(f"{failures} trials in a row failed; their output above says why")
+
+    def objective(self, trial: optuna.Trial) -> float:
+        try:
+            return self._trial(trial)
+        except TrialFailed as error:
+            self.outcome = type(error)
+            raise
+
+    def _trial(self, trial: optuna.Trial) -> float:
+        values = {name: suggest(trial, name, spec) for name, spec in self.sweep["parameters"].items()}
+        earlier = self.study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
+        if sum(other.number < trial.number for other in earlier) >= self.budget:
+            raise OverBudget("another worker started the budget's last trial first")
+        # A trial tried again resumes its run from the last checkpoint, if the run saved one.
+        run_name = trial.user_attrs.get("run_name", "")
+        resume = bool(run_name) and (self.runs_dir / run_name / LAST_CHECKPOINT).is_file()
+        if resume:
+            wait_until_free(self.runs_dir / run_name)
+        else:
+            run_name = f"{self.sweep['name']}-{trial.number}"
+        trial.set_user_attr("run_name", run_name)
+        trial.set_user_attr("worker", worker_id())
+        goal = "max" if self.sweep["direction"] == "maximize" else "min"
+        callback = {
+            "class_path": TRIAL_CALLBACK,
+            "init_args": {
+                "storage": self.storage,
+                "study": self.sweep["name"],
+                "trial_id": trial._trial_id,
+                "monitor": self.sweep["metric"],
+                **{key: self.sweep[key] for key in ("pruner", "startup_trials", "warmup_epochs")},
+            },
+        }
+        command = [
+            *[sys.executable, "-m", PACKAGE, "fit", f"--run_name={run_name}", *self.fit_args],
+            *(["--ckpt_path=last"] if resume else []),
+            *[f"--checkpoint.monitor={self.sweep['metric']}", f"--checkpoint.mode={goal}"],
+            *(
+                f"--{name}={value if isinstance(value, str) else json.dumps(value)}"
+                for name, value in values.items()
+            ),
+            f"--trainer.callbacks+={json.dumps(callback)}",
+        ]
+        chosen = ", ".join(f"{name.rsplit('.', 1)[-1]}={shown(value)}" for name, value in values.items())
+        print(f"[trial {trial.number}] {run_name}{' (resumed)' if resume else ''}: {chosen}", flush=True)
+        since = RECORD_FILE.stat().st_size if RECORD_FILE.is_file() else 0
+        try:
+            returncode = self._fit(command, run_name)
+        except (Stopped, KeyboardInterrupt):
+            retry(self.study, trial.number, trial.params, run_name)
+            raise
+        line = fit_line(run_name, since)
+        stopped = returncode in (130, 143, -signal.SIGKILL, -signal.SIGTERM)
+        if stopped or (line is not None and line["status"] == "interrupted"):
+            # The fit alone was stopped or killed (the out-of-memory killer, say): try it again.
+            retry(self.study, trial.number, trial.params, run_name)
+            raise TrialFailed(f"its fit was stopped (status {returncode}); it is tried again")
+        if returncode != 0 or line is None:
+            raise TrialFailed(f"its fit exited with status {returncode}")
+        if line["status"] == "pruned":
+            print(f"[trial {trial.number}] pruned after epoch {line['epochs'] - 1}", flush=True)
+            raise optuna.TrialPruned()
+        if line["best_value"] is None:
+            raise TrialFailed(f"its fit recorded no best {self.sweep['metric']}")
+        print(f"[trial {trial.number}] {self.sweep['metric']} {line['best_value']:.4f}", flush=True)
+        return line["best_value"]
+
+    def _fit(self, command: list[str], run_name: str) -> int:
+        output = None
+        if self.log_dir:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            output = (self.log_dir / f"{run_name}.log").open("a")
+        process = subprocess.Popen(
+            command,
+            stdout=output,
+            stderr=subprocess.STDOUT if output else None,
+            preexec_fn=functools.partial(_end_with, os.getpid()),
+        )
+        try:
+            return process.wait()
+        except (Stopped, KeyboardInterrupt) as stop:
+            # Ctrl-C reached the fit too; SIGTERM is passed on. It saves last.ckpt and exits.
+            if isinstance(stop, Stopped):
+                process.send_signal(signal.SIGTERM)
+            process.wait()
+            raise
+        finally:
+            if output:
+                output.close()
+
+
+def _end_with(worker: int) -> None:
+    """Run in a trial's fit process before its program starts: the kernel sends it SIGTERM when
+    its worker ends, however it ends (SIGKILL too), so that no fit trains on beside the trial tried
+    again; a fit that is training saves last.ckpt and exits."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != worker:  # the worker ended before the line above
+        os._exit(1)
+
+
+def stop(signum: int, _: Any) -> None:
+    """The SIGTERM handler of a worker: stop its trial, to be tried again."""
+    raise Stopped(signal.Signals(signum).name)
+
+
+def launch(script: str, words: list[str], workers: int) -> int:
+    """Start ``workers`` workers of ``script`` with ``words`` (its arguments, less ``--workers``) and
+    wait for them; the status of the first that failed."""
+    processes = []
+    gpus = _gpu_count()
+    for index in range(workers):
+        env = {**os.environ, "SWEEP_WORKER": str(index)}
+        if gpus > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
+            env["CUDA_VISIBLE_DEVICES"] = str(index % gpus)  # one GPU each, shared if fewer
+        processes.append(subprocess.Popen([sys.executable, script, *_without_workers(words)], env=env))
+    try:
+        statuses = [process.wait() for process in processes]
+    except Stopped:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        statuses = [process.wait() for process in processes]
+    return next((status for status in statuses if status), 0)
+
+
+def _without_workers(words: list[str]) -> list[str]:
+    kept, skip = [], False
+    for word in words:
+        if skip or word.startswith("--workers="):
+            skip = False
+            continue
+        skip = word == "--workers"
+        if not skip:
+            kept.append(word)
+    return kept
+
+
+def _gpu_count() -> int:
+    try:
+        listed = subprocess.run(["nvidia-smi", "--list-gpus"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return 0
+    return len(listed.stdout.splitlines())

@@ -1,0 +1,51 @@
+"""What a command prints besides its summary. By default: the progress bar, warnings and errors;
+``--verbose``, or ``<PACKAGE>_VERBOSE=1``, brings back Lightning's information lines, its model
+summary and metrics tables, and wandb's lines."""
+
+import logging
+import os
+import re
+import warnings
+
+# Set by --verbose, and seen by the processes a command starts (DDP's, wandb's) too.
+VERBOSE_VARIABLE = f"{__package__.split('.')[0].upper()}_VERBOSE"
+# Lightning's information lines that nothing follows from: what hardware it found, the seed, the
+# checkpoint it restored, how DDP started; the command's summary says what matters of them.
+ROUTINE_LINES = re.compile(
+    r"(GPU|TPU|HPU) available|Seed set to|`Trainer\.\w+` stopped|Restoring states from|Restored all states"
+    r"|Loaded model weights from|LOCAL_RANK: |Initializing distributed|-+\ndistributed_backend="
+)
+
+
+def is_verbose() -> bool:
+    return os.environ.get(VERBOSE_VARIABLE, "") not in ("", "0")
+
+
+def quiet() -> None:
+    """Leave out the lines and warnings that nothing follows from, unless verbose."""
+    # wandb's copy of the console (the run's Logs tab) holds little but the progress bar, redrawn
+    # four times a second, and each copied write costs the run time; WANDB_CONSOLE=wrap brings it back.
+    os.environ.setdefault("WANDB_CONSOLE", "off")
+    # The run's config.yaml is saved into its directory before any checkpoint or log, which is expected.
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+    warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
+    # Deprecated calls made inside Lightning and torchdata, and Lightning's advertisement for its
+    # cloud logger: nothing a user of this project can act on.
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+    # Lightning's hint to use srun on any machine where Slurm is installed: scripts/slurm/train.sbatch
+    # runs training under srun, and a command run outside it is meant to run there.
+    warnings.filterwarnings(
+        "ignore", message="The `srun` command is available on your system but is not used"
+    )
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: "litlogger" not in record.getMessage()
+    )
+
+    def shown(record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or is_verbose() or not ROUTINE_LINES.search(record.getMessage())
+
+    for name in ("rank_zero", "seed", "distributed"):
+        for package in ("lightning.pytorch", "lightning.fabric"):
+            logging.getLogger(f"{package}.utilities.{name}").addFilter(shown)
+    logging.getLogger("lightning.pytorch.accelerators.cuda").addFilter(shown)

@@ -1,0 +1,82 @@
+"""The table of whose files are whose, in docs/updating.md and GUIDE.md, says what copier.yml does."""
+
+import re
+from fnmatch import fnmatch
+
+import yaml
+from conftest import ROOT
+
+UPDATING = ROOT / "docs" / "updating.md"
+HEADER = "| yours: once you edit one, an update never touches it |"
+# Template-owned modules and folders that v0.5.0 moved or added; the table must name them.
+MOVED_OR_NEW = ("runs/", "sweeps/", "settings.py", "data/contract.py", "data/splits.py")
+
+
+def skip_if_exists(package: str) -> list[str]:
+    """The user's files, from ``_skip_if_exists`` in copier.yml, as glob patterns inside a project."""
+    config = yaml.safe_load((ROOT / "copier.yml").read_text())
+    return [path.lstrip("/").replace("{{ package_name }}", package) for path in config["_skip_if_exists"]]
+
+
+def as_entry(pattern: str) -> str:
+    """How the table names a user pattern: ``configs/model/*.yaml`` is the folder ``configs/model/``."""
+    return pattern.removesuffix("*.yaml")
+
+
+def table_rows(text: str) -> list[str]:
+    """The body rows of the ownership table in a Markdown text."""
+    lines = text.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith(HEADER)))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    return rows
+
+
+def columns(rows: list[str]) -> tuple[set[str], set[str]]:
+    """The paths named in the table's user column and in its template column."""
+    yours, template = set(), set()
+    for row in rows:
+        left, right = row.strip("|").split(" | ")
+        yours |= set(re.findall(r"`([^`]+)`", left))
+        template |= set(re.findall(r"`([^`]+)`", right))
+    return yours, template
+
+
+def assert_agrees(yours: set[str], template: set[str], patterns: list[str]) -> None:
+    assert sorted(yours ^ {as_entry(pattern) for pattern in patterns}) == [], "user column != copier.yml"
+    for entry in template:
+        assert not any(fnmatch(entry, pattern) for pattern in patterns), f"{entry} is the user's"
+        if entry.endswith("/"):
+            assert not any(pattern.startswith(entry) for pattern in patterns), f"{entry} holds user files"
+    for name in MOVED_OR_NEW:
+        assert any(entry.endswith(f"/{name}") for entry in template), f"{name} not in the template column"
+
+
+def test_the_updating_table_is_copier_ymls():
+    yours, template = columns(table_rows(UPDATING.read_text()))
+    assert_agrees(yours, template, skip_if_exists("<package>"))
+
+
+def test_the_guides_table_is_a_copy_that_names_the_projects_files(generated):
+    for key in ("loggers=wandb+csv", "task=regression,loggers=wandb+csv"):
+        project = generated(key)
+        package = next((project / "src").iterdir()).name
+        rows = table_rows((project / "GUIDE.md").read_text())
+        yours, template = columns(rows)
+        present = [p for p in skip_if_exists(package) if any(project.glob(p.removesuffix("/")))]
+        assert_agrees(yours, template, present)
+        missing = [entry for entry in template if not (project / entry).exists()]
+        assert missing == [], f"{key}: the template column names files the project does not have"
+        if "regression" not in key:
+            copy = [row.replace(f"src/{package}/", "src/<package>/") for row in rows]
+            updating = [re.sub(r" \(or `[^`]*`\)", "", row) for row in table_rows(UPDATING.read_text())]
+            assert copy == updating, "GUIDE.md's table is not docs/updating.md's"
+
+
+def test_the_layout_page_points_to_the_table():
+    layout = (ROOT / "docs" / "layout.md").read_text()
+    assert HEADER not in layout
+    assert "updating.md#whose-files-are-whose" in layout
