@@ -9,14 +9,10 @@ writes the new modules; the user carries their changes over and deletes the `.ed
 """
 
 import sys
-import tempfile
 from pathlib import Path
 
-import copier
-import yaml
+from last_release import rendered, stored_answers
 
-# Copier's checkout of the template at the version being updated to; it holds every release.
-TEMPLATE = Path(__file__).resolve().parents[1]
 # Where v0.5.0 moved each module of the package (paths inside src/<package>/).
 MOVED = {
     "utils/runs.py": "runs/directory.py",
@@ -29,29 +25,15 @@ MOVED = {
 
 
 def main() -> None:
-    config = yaml.safe_load((TEMPLATE / "copier.yml").read_text(encoding="utf-8"))
-    stored = yaml.safe_load(Path(config["_answers_file"]).read_text(encoding="utf-8"))
-    answers = {key: value for key, value in stored.items() if not key.startswith("_")}
+    stored = stored_answers()
     package = Path("src") / stored["package_name"]
     present = {old: new for old, new in MOVED.items() if (package / old).is_file()}
     if not present:
         return
-    with tempfile.TemporaryDirectory() as old:
-        try:
-            copier.run_copy(
-                str(TEMPLATE),
-                old,
-                data=answers,
-                vcs_ref=stored["_commit"],
-                defaults=True,
-                quiet=True,
-                skip_tasks=True,
-            )
-        except Exception as error:
-            sys.exit(f"keep_moved_edits: cannot render template version {stored['_commit']}: {error!r}")
+    with rendered("keep_moved_edits", stored) as old:
         for name, new in present.items():
-            mine, rendered = package / name, Path(old) / package / name
-            if rendered.is_file() and mine.read_bytes() == rendered.read_bytes():
+            mine, release = package / name, old / package / name
+            if release.is_file() and mine.read_bytes() == release.read_bytes():
                 continue
             kept = mine.with_name(mine.name + ".edited")
             mine.rename(kept)

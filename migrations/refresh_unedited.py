@@ -7,41 +7,28 @@ project's answers, and deletes every such file that is still byte-identical to t
 the update then writes the new version's copy in its place. Files the user edited stay as they are.
 """
 
-import sys
-import tempfile
 from pathlib import Path
 
-import copier
 import jinja2
-import yaml
+from last_release import answers, copier_config, rendered, stored_answers
 from pathspec import GitIgnoreSpec
-
-# Copier's checkout of the template at the version being updated to; it holds every release.
-TEMPLATE = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
-    config = yaml.safe_load((TEMPLATE / "copier.yml").read_text(encoding="utf-8"))
-    stored = yaml.safe_load(Path(config["_answers_file"]).read_text(encoding="utf-8"))
-    answers = {key: value for key, value in stored.items() if not key.startswith("_")}
-    patterns = [jinja2.Template(pattern).render(answers) for pattern in config["_skip_if_exists"]]
+    stored = stored_answers()
+    patterns = [
+        jinja2.Template(pattern).render(answers(stored)) for pattern in copier_config()["_skip_if_exists"]
+    ]
     user_owned = GitIgnoreSpec.from_lines(patterns)
-    version = stored["_commit"]
-    with tempfile.TemporaryDirectory() as old:
-        try:
-            copier.run_copy(
-                str(TEMPLATE), old, data=answers, vcs_ref=version, defaults=True, quiet=True, skip_tasks=True
-            )
-        except Exception as error:
-            sys.exit(f"refresh_unedited: cannot render template version {version}: {error!r}")
-        for rendered in Path(old).rglob("*"):
-            name = rendered.relative_to(old).as_posix()
+    with rendered("refresh_unedited", stored) as old:
+        for path in old.rglob("*"):
+            name = path.relative_to(old).as_posix()
             mine = Path(name)
             if (
                 user_owned.match_file(name)
-                and rendered.is_file()
+                and path.is_file()
                 and mine.is_file()
-                and mine.read_bytes() == rendered.read_bytes()
+                and mine.read_bytes() == path.read_bytes()
             ):
                 mine.unlink()
 

@@ -55,6 +55,7 @@ def test_layout(generated, key):
     package = project / "src" / MATRIX[key]["project_name"].lower().replace(" ", "_")
     for path in [
         "configs/default.yaml",
+        "configs/project.yaml",
         "data/README.md",
         "checkpoints/.gitkeep",
         "scripts/train.py",
@@ -99,8 +100,11 @@ def test_only_chosen_loggers_leave_files_and_dependencies(generated, key):
 @pytest.mark.parametrize("key", KEYS)
 def test_the_task_chooses_model_data_and_monitor(generated, key):
     project = generated(key)
-    config = yaml.safe_load((project / "configs" / "default.yaml").read_text())
-    chosen = [config["model"]["class_path"], config["data"]["class_path"], config["checkpoint"]]
+    config, own = (
+        yaml.safe_load((project / "configs" / name).read_text()) for name in ("default.yaml", "project.yaml")
+    )
+    assert {"model", "data"} & config.keys() == set()  # the user's choice, in the user's file
+    chosen = [own["model"]["class_path"], own["data"]["class_path"], config["checkpoint"]]
     names = [name.rsplit(".", 1)[-1] for name in chosen[:2]]
     if MATRIX[key]["task"] == "regression":
         assert names == ["Regressor", "DiabetesDataModule"]

@@ -111,6 +111,7 @@ USER_OWNED = [
     f"src/{PACKAGE}/models/convnet.py",
     f"src/{PACKAGE}/data/digits.py",
     f"src/{PACKAGE}/data/diabetes.py",
+    "configs/project.yaml",
     "configs/experiment/*.yaml",
     "configs/model/*.yaml",
     "configs/data/digits.yaml",
@@ -189,13 +190,29 @@ def with_user_metric(text: str, metric: str = USER_METRIC) -> str:
     return text.replace(f1_line, f1_line + indent + metric + "\n", 1)
 
 
+# The model and data settings: in configs/default.yaml up to v0.5.0, in configs/project.yaml since.
+DEFAULT_CONFIG, PROJECT_CONFIG = "configs/default.yaml", "configs/project.yaml"
+USER_DROPOUT, USER_SPLIT_NOTE = "        dropout: 0.2\n", "    # our split: the paper's\n"
+
+
+def with_user_settings(config: str) -> str:
+    """``config`` with the user's dropout and a note of theirs in the data settings."""
+    assert config.count("        dropout: 0.1\n") == 1 and config.count("    split_seed: 0\n") == 1
+    config = config.replace("        dropout: 0.1\n", USER_DROPOUT)
+    return config.replace("    split_seed: 0\n", USER_SPLIT_NOTE + "    split_seed: 0\n")
+
+
 def edit_like_a_user(project: Path) -> dict[str, str]:
     """Make the edits a user makes in the first weeks; return what each edited file must contain.
 
     A new model and experiment, edits to the user's own model (``mlp.py``), experiment config and
-    README, and to two of the template's files: a dependency in ``pyproject.toml`` and a metric in
-    ``models/classifier.py``, which v0.2.0 and v0.3.0 rewrote around it.
+    README, to the network and data settings (in the template's ``default.yaml`` before v0.6.0, in
+    the user's ``project.yaml`` since), and to two of the template's files: a dependency in
+    ``pyproject.toml`` and a metric in ``models/classifier.py``, which v0.2.0 and v0.3.0 rewrote
+    around it.
     """
+    settings = project / (PROJECT_CONFIG if (project / PROJECT_CONFIG).is_file() else DEFAULT_CONFIG)
+    settings.write_text(with_user_settings(settings.read_text()))
     (experiment,) = (project / "configs" / "experiment").glob("*.yaml")  # its name depends on the release
     experiment.write_text(experiment.read_text().replace("max_epochs: 60", "max_epochs: 45"))
     package = project / "src" / PACKAGE
@@ -220,6 +237,7 @@ def edit_like_a_user(project: Path) -> dict[str, str]:
         "pyproject.toml": '"pyyaml>=6",',
         "README.md": NOTES,
         CLASSIFIER: "balanced_acc",
+        PROJECT_CONFIG: USER_SPLIT_NOTE,  # and USER_DROPOUT, checked with the rest below
     }
 
 
@@ -357,6 +375,7 @@ OWNED_FILES = {
         MLP: [MLP],
         f"src/{PACKAGE}/models/convnet.py": [f"src/{PACKAGE}/models/convnet.py"],
         f"src/{PACKAGE}/data/digits.py": [f"src/{PACKAGE}/data/digits.py"],
+        "configs/project.yaml": ["configs/project.yaml"],
         "configs/experiment/*.yaml": ["configs/experiment/large_batch.yaml"],
         "configs/model/*.yaml": ["configs/model/cnn.yaml", "configs/model/mlp_wide.yaml"],
         "configs/data/digits.yaml": ["configs/data/digits.yaml"],
@@ -384,6 +403,18 @@ def test_updated_files_equal_a_fresh_copy_but_for_the_users_edits(updated, templ
     # The user's own files included: those the user never edited are refreshed by a migration.
     fresh = files(copy_at(template_repo, "HEAD", tmp_path / "upgraded"))
     assert differing(updated.project, fresh) == sorted(updated.expected)
+
+
+def test_the_users_model_and_data_settings_are_in_their_own_file_after_the_update(
+    updated, template_repo, tmp_path
+):
+    # Before v0.6.0 they were in the template's default.yaml; a migration moved them to the user's
+    # project.yaml, into the new release's version of it.
+    fresh = copy_at(template_repo, "HEAD", tmp_path / "upgraded")
+    mine = (updated.project / PROJECT_CONFIG).read_text()
+    assert mine == with_user_settings((fresh / PROJECT_CONFIG).read_text())
+    assert yaml.safe_load(mine)["model"]["init_args"]["network"]["init_args"]["dropout"] == 0.2
+    assert (updated.project / DEFAULT_CONFIG).read_text() == (fresh / DEFAULT_CONFIG).read_text()
 
 
 def test_a_user_file_the_user_edited_keeps_exactly_the_users_version(updated):

@@ -37,7 +37,10 @@ from .utils.console import VERBOSE_VARIABLE, is_verbose, quiet
 from .utils.tracking import end_tracking
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# The template's defaults, then the project's own model and data (a file that copier update never
+# changes); every --config and --key=value applies on top.
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
+PROJECT_CONFIG = PROJECT_ROOT / "configs" / "project.yaml"
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # Lightning's own descriptions are the first lines of its docstrings, which stop mid-sentence.
 SUBCOMMAND_HELP = {
@@ -208,13 +211,15 @@ def _take_verbose(args: ArgsType) -> tuple[ArgsType, list[str]]:
 def main(args: ArgsType = None, run: bool = True) -> CLI:
     """Parse ``args`` (default: the command line), build model, data and trainer, and run.
 
-    ``configs/default.yaml`` is read first; every ``--config`` and ``--key=value`` applies on top.
+    ``configs/default.yaml`` is read first, then ``configs/project.yaml``; every ``--config`` and
+    ``--key=value`` applies on top.
     Returns the CLI so that tests and notebooks can reach ``cli.trainer`` and ``cli.model``.
     """
     if run and "LOCAL_RANK" in os.environ:
         end_with_parent()  # a DDP process started by another: never outlive it
     args, words = _take_verbose(args)
-    defaults = {"default_config_files": [str(DEFAULT_CONFIG)]} if DEFAULT_CONFIG.is_file() else {}
+    found = [str(path) for path in (DEFAULT_CONFIG, PROJECT_CONFIG) if path.is_file()]
+    defaults = {"default_config_files": found} if found else {}
     parser_kwargs = {"prog": f"python -m {__package__}"}
     if run:
         parser_kwargs |= {name: {**defaults, "description": SUBCOMMAND_HELP[name]} for name in SUBCOMMANDS}
