@@ -7,10 +7,12 @@ import sys
 import tomllib
 from importlib import metadata
 
+import numpy as np
 import pytest
 import yaml
 from conftest import MATRIX, install, run_python
 from packaging.requirements import Requirement
+from sklearn.datasets import load_wine
 
 KEYS = list(MATRIX)
 JINJA = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}|\{\{|\{%")
@@ -244,3 +246,28 @@ def test_generated_project_tests_pass(generated, key, part, tmp_path):
         result = run_python(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--full", *selection)
         assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
         assert re.search(r"\d+ passed", result.stdout)
+
+
+@pytest.mark.slow
+def test_generated_tests_pass_when_the_project_trains_its_own_model_and_data(generated, tmp_path):
+    # The user points configs/project.yaml at other data (scikit-learn's wine, as a CSV file) and
+    # another network width. The tests train tests/reference.yaml's model and data, so their
+    # numbers still hold; the one test that trains project.yaml's choice trains the wine.
+    key = "loggers=wandb+csv"
+    project = shutil.copytree(generated(key), tmp_path / "project")
+    package = MATRIX[key]["project_name"].lower().replace(" ", "_")
+    wine = load_wine()
+    rows = np.column_stack([wine.data, wine.target])
+    header = ",".join([*wine.feature_names, "label"])
+    np.savetxt(project / "data" / "wine.csv", rows, delimiter=",", header=header, comments="", fmt="%g")
+    config = yaml.safe_load((project / "configs" / "project.yaml").read_text())
+    config["model"]["init_args"]["network"]["init_args"]["hidden_sizes"] = [64]
+    data = {"path": "data/wine.csv", "label_column": "label", "batch_size": 32}
+    config["data"] = {"class_path": f"{package}.data.FileDataModule", "init_args": data}
+    (project / "configs" / "project.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    install(project)
+    own = "tests/test_smoke.py::test_the_projects_own_model_and_data_train_and_test"
+    assert own in _collected(project)
+    result = run_python(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+    assert f"PASSED {own}" in result.stdout

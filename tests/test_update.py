@@ -192,13 +192,14 @@ def with_user_metric(text: str, metric: str = USER_METRIC) -> str:
 
 # The model and data settings: in configs/default.yaml up to v0.5.0, in configs/project.yaml since.
 DEFAULT_CONFIG, PROJECT_CONFIG = "configs/default.yaml", "configs/project.yaml"
-USER_DROPOUT, USER_SPLIT_NOTE = "        dropout: 0.2\n", "    # our split: the paper's\n"
+# Notes only: a change to the model would refuse resuming a run trained before the edit.
+USER_MODEL_NOTE, USER_SPLIT_NOTE = "    # our network: the lab's\n", "    # our split: the paper's\n"
 
 
 def with_user_settings(config: str) -> str:
-    """``config`` with the user's dropout and a note of theirs in the data settings."""
-    assert config.count("        dropout: 0.1\n") == 1 and config.count("    split_seed: 0\n") == 1
-    config = config.replace("        dropout: 0.1\n", USER_DROPOUT)
+    """``config`` with a note of the user's in the model settings and one in the data settings."""
+    assert config.count("    network:\n") == 1 and config.count("    split_seed: 0\n") == 1
+    config = config.replace("    network:\n", USER_MODEL_NOTE + "    network:\n")
     return config.replace("    split_seed: 0\n", USER_SPLIT_NOTE + "    split_seed: 0\n")
 
 
@@ -206,7 +207,7 @@ def edit_like_a_user(project: Path) -> dict[str, str]:
     """Make the edits a user makes in the first weeks; return what each edited file must contain.
 
     A new model and experiment, edits to the user's own model (``mlp.py``), experiment config and
-    README, to the network and data settings (in the template's ``default.yaml`` before v0.6.0, in
+    README, notes in the model and data settings (in the template's ``default.yaml`` before v0.6.0, in
     the user's ``project.yaml`` since), and to two of the template's files: a dependency in
     ``pyproject.toml`` and a metric in ``models/classifier.py``, which v0.2.0 and v0.3.0 rewrote
     around it.
@@ -237,7 +238,7 @@ def edit_like_a_user(project: Path) -> dict[str, str]:
         "pyproject.toml": '"pyyaml>=6",',
         "README.md": NOTES,
         CLASSIFIER: "balanced_acc",
-        PROJECT_CONFIG: USER_SPLIT_NOTE,  # and USER_DROPOUT, checked with the rest below
+        PROJECT_CONFIG: USER_SPLIT_NOTE,  # and USER_MODEL_NOTE, checked with the rest below
     }
 
 
@@ -413,7 +414,6 @@ def test_the_users_model_and_data_settings_are_in_their_own_file_after_the_updat
     fresh = copy_at(template_repo, "HEAD", tmp_path / "upgraded")
     mine = (updated.project / PROJECT_CONFIG).read_text()
     assert mine == with_user_settings((fresh / PROJECT_CONFIG).read_text())
-    assert yaml.safe_load(mine)["model"]["init_args"]["network"]["init_args"]["dropout"] == 0.2
     assert (updated.project / DEFAULT_CONFIG).read_text() == (fresh / DEFAULT_CONFIG).read_text()
 
 

@@ -38,9 +38,11 @@ from .utils.tracking import end_tracking
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The template's defaults, then the project's own model and data (a file that copier update never
-# changes); every --config and --key=value applies on top.
+# changes; the variable names another in its place, as the tests do); every --config and
+# --key=value applies on top.
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
 PROJECT_CONFIG = PROJECT_ROOT / "configs" / "project.yaml"
+PROJECT_CONFIG_VARIABLE = f"{__package__.upper()}_PROJECT_CONFIG"
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # Lightning's own descriptions are the first lines of its docstrings, which stop mid-sentence.
 SUBCOMMAND_HELP = {
@@ -208,6 +210,16 @@ def _take_verbose(args: ArgsType) -> tuple[ArgsType, list[str]]:
     return args, words
 
 
+def _default_config_files() -> list[str]:
+    """``configs/default.yaml``, then ``configs/project.yaml`` or the file that the variable
+    ``PROJECT_CONFIG_VARIABLE`` names: those of them that exist."""
+    project_config = Path(os.environ.get(PROJECT_CONFIG_VARIABLE) or PROJECT_CONFIG)
+    if PROJECT_CONFIG_VARIABLE in os.environ and not project_config.is_file():
+        print(f"error: {PROJECT_CONFIG_VARIABLE}={project_config}: no such file", file=sys.stderr)
+        sys.exit(2)
+    return [str(path) for path in (DEFAULT_CONFIG, project_config) if path.is_file()]
+
+
 def main(args: ArgsType = None, run: bool = True) -> CLI:
     """Parse ``args`` (default: the command line), build model, data and trainer, and run.
 
@@ -218,7 +230,7 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
     if run and "LOCAL_RANK" in os.environ:
         end_with_parent()  # a DDP process started by another: never outlive it
     args, words = _take_verbose(args)
-    found = [str(path) for path in (DEFAULT_CONFIG, PROJECT_CONFIG) if path.is_file()]
+    found = _default_config_files()
     defaults = {"default_config_files": found} if found else {}
     parser_kwargs = {"prog": f"python -m {__package__}"}
     if run:
