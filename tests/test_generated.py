@@ -10,7 +10,7 @@ from importlib import metadata
 import numpy as np
 import pytest
 import yaml
-from conftest import MATRIX, install, run_python
+from conftest import MATRIX, ROOT, install, run_python
 from packaging.requirements import Requirement
 from sklearn.datasets import load_wine
 
@@ -241,6 +241,12 @@ for key in KEYS:
         # of its test report.
         files = ("reports",) if key.startswith("task=regression") else LOGGER_FILES
         PARTS[key, "logger files"] = [["-m", "not slow", *_test_files(*files)]]
+
+
+def test_the_docs_say_what_each_part_covers():
+    text = (ROOT / "docs" / "releasing.md").read_text()
+    covered = re.findall(r"^\| `([^`]+:[^`]+)` \|", text, re.MULTILINE)
+    assert covered == [f"{key}:{part}" for key, part in PARTS]
 
 
 @pytest.mark.slow
