@@ -10,7 +10,7 @@ from importlib import metadata
 import numpy as np
 import pytest
 import yaml
-from conftest import MATRIX, install, run_python
+from conftest import MATRIX, ROOT, install, run_python
 from packaging.requirements import Requirement
 from sklearn.datasets import load_wine
 
@@ -192,9 +192,12 @@ TASK_PARTS["files"] += ("smoke", "lint", "loggers", "best_checkpoint")
 # Tests of those files whose subject is the same in both tasks: torch.compile, DDP launched by
 # Lightning's other two launchers (the ddp_cpu.yaml preset runs in both), the signals and save
 # points of a resume other than a SIGKILL mid-epoch (which runs in both, on the user's path and not),
-# the sweep's two workers, its stop after three failures and a fit ending with its killed worker
-# (the killed sweep runs in both), and what predict, the exports and indicator inputs do with
-# missing values (the shared preprocessing; the refusal, drop and impute at fit run in both).
+# the sweep's two workers, its stop after three failures, a fit ending with its killed worker and
+# the shipped sweep of 8 trials killed and continued, with its pruning, report and dashboard (about
+# 140 s; the sweep reads its metric and direction from the sweep file, and a regression project's
+# one-trial sweep, killed and resumed in --runs_dir, checks its metric), --runs_dir given as two
+# words rather than one, and what predict, the exports and indicator inputs do with missing values
+# (the shared preprocessing; the refusal, drop and impute at fit run in both).
 ONCE = (
     "test_training.py::test_compiled_network_trains_and_saves_plain_weight_names",
     "test_user_path.py::test_ddp_on_two_cpu_processes[ddp]",
@@ -205,6 +208,11 @@ ONCE = (
     "test_sweep.py::test_two_workers_share_one_study_to_its_budget",
     "test_sweep.py::test_trials_that_fail_by_themselves_stop_the_worker_after_three",
     "test_sweep.py::test_a_fit_ends_with_its_worker_killed_as_the_fit_starts",
+    "test_sweep.py::test_a_killed_sweep_continues_to_its_budget_and_resumes_the_killed_trial",
+    "test_sweep.py::test_pruning_stops_a_trial_early_and_keeps_its_checkpoints",
+    "test_sweep.py::test_the_report_reads_at_80_columns_and_writes_the_plots",
+    "test_sweep.py::test_make_sweep_dashboard_serves_the_study_and_its_trials",
+    "test_sweep.py::test_a_trial_killed_with_its_worker_resumes_in_the_fits_runs_dir[--runs_dir scratch/runs]",  # noqa: E501
     "test_own_data.py::test_predict_drops_as_training_did_and_says_how_many",
     "test_own_data.py::test_predict_imputes_as_if_the_medians_were_filled_in_by_hand",
     "test_own_data.py::test_the_exported_model_imputes_as_predict_does",
@@ -233,6 +241,12 @@ for key in KEYS:
         # of its test report.
         files = ("reports",) if key.startswith("task=regression") else LOGGER_FILES
         PARTS[key, "logger files"] = [["-m", "not slow", *_test_files(*files)]]
+
+
+def test_the_docs_say_what_each_part_covers():
+    text = (ROOT / "docs" / "releasing.md").read_text()
+    covered = re.findall(r"^\| `([^`]+:[^`]+)` \|", text, re.MULTILINE)
+    assert covered == [f"{key}:{part}" for key, part in PARTS]
 
 
 @pytest.mark.slow

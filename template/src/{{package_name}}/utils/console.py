@@ -33,6 +33,10 @@ def quiet() -> None:
     # cloud logger: nothing a user of this project can act on.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+    # Lightning's advice to raise num_workers, on a machine of many CPUs: in-memory arrays are
+    # served fastest by the main process (data/base.py), and image folders take one worker per CPU
+    # but one by default.
+    warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck")
     # Lightning's hint to use srun on any machine where Slurm is installed: scripts/slurm/train.sbatch
     # runs training under srun, and a command run outside it is meant to run there.
     warnings.filterwarnings(
