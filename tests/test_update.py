@@ -432,9 +432,7 @@ def test_a_user_file_the_user_never_edited_is_refreshed(template_repo, tmp_path,
     assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == NEWEST
     fresh = files(copy_at(template_repo, "HEAD", tmp_path / "fresh" / "upgraded"))
     assert differing(project, fresh) == []
-    # The template has changed these since every release: the test checks something.
-    assert before[f"src/{PACKAGE}/cli.py"] != fresh[f"src/{PACKAGE}/cli.py"]
-    if release == EARLIER[0][0]:
+    if release == EARLIER[0][0]:  # the template has changed these since: the test checks something
         assert before[MLP] != fresh[MLP] and before["README.md"] != fresh["README.md"]
     if version(release) < (0, 3, 0):  # the update adds the image pipeline, as a fresh copy has it
         assert [name for name in IMAGE_PIPELINE if name in before] == []
