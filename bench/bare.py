@@ -6,7 +6,9 @@ the loss written to a CSV file every ``--log-every`` steps; validation accuracy 
 a ``torch.save`` checkpoint, last and best, after every epoch), in a minimal ``LightningModule``
 trained by ``Trainer`` with no logger, no checkpoint callbacks, no progress bar and no model
 summary, on the project's data module (the loaders the project's ``fit`` uses); ``--manual``
-uses manual optimization instead (clipping by hand). Timed by the same
+uses manual optimization instead (clipping by hand). ``--devices 2`` trains in two CPU processes
+with Lightning's DDP over gloo, as the project's ``configs/trainer/ddp_cpu.yaml`` does: the first
+process writes the loss and the checkpoints, and the validation counts are summed over both. Timed by the same
 ``BenchClock`` callback as the project's run. What this costs over ``hand.py`` is the cost of
 Lightning's training loop itself, which no project built on the ``Trainer`` can go below.
 """
@@ -19,6 +21,7 @@ import torch
 from clock import BenchClock
 from hand import arguments, data_module
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.strategies import DDPStrategy
 from torch.nn import functional
 from torch.optim import AdamW
 from torch.optim.lr_scheduler import LambdaLR
@@ -33,11 +36,15 @@ class Bare(LightningModule):
         self.workdir = workdir
         self.log_every = log_every
         self.num_classes = num_classes
-        self.log_file = (workdir / "metrics.csv").open("w")
-        self.log_file.write("step,train_loss\n")
+        self.log_file = None
         self.confusion = torch.zeros(num_classes * num_classes, dtype=torch.int64)
         self.val_loss = 0.0
         self.best = -1.0
+
+    def on_fit_start(self) -> None:
+        if self.trainer.is_global_zero:
+            self.log_file = (self.workdir / "metrics.csv").open("w")
+            self.log_file.write("step,train_loss\n")
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -49,7 +56,7 @@ class Bare(LightningModule):
             torch.nn.utils.clip_grad_norm_(self.network.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
-        if (self.global_step + 1) % self.log_every == 0:
+        if self.log_file and (self.global_step + 1) % self.log_every == 0:
             self.log_file.write(f"{self.global_step + 1},{loss.item()}\n")
         return loss
 
@@ -61,20 +68,25 @@ class Bare(LightningModule):
         self.confusion += torch.bincount(cells, minlength=self.num_classes**2)
 
     def on_validation_epoch_end(self) -> None:
+        if self.trainer.world_size > 1:
+            torch.distributed.all_reduce(self.confusion)
         confusion = self.confusion.view(self.num_classes, self.num_classes).double()
         true_positives = confusion.diag()
         f1 = 2 * true_positives / (confusion.sum(0) + confusion.sum(1)).clamp(min=1)
         self.val_acc = (true_positives.sum() / confusion.sum()).item()
         self.log("val/acc", self.val_acc)
         samples = confusion.sum().item()
-        self.log_file.write(
-            f"# epoch {self.current_epoch} val_loss {self.val_loss / samples:.4f} "
-            f"val_acc {self.val_acc:.4f} val_f1 {f1.mean().item():.4f}\n"
-        )
+        if self.log_file:
+            self.log_file.write(
+                f"# epoch {self.current_epoch} val_loss {self.val_loss / samples:.4f} "
+                f"val_acc {self.val_acc:.4f} val_f1 {f1.mean().item():.4f}\n"
+            )
         self.confusion.zero_()
         self.val_loss = 0.0
 
     def on_train_epoch_end(self) -> None:
+        if not self.trainer.is_global_zero:
+            return
         optimizer, scheduler = self.optimizers().optimizer, self.lr_schedulers()
         state = {"network": self.network.state_dict(), "optimizer": optimizer.state_dict()}
         state["epoch"], state["scheduler"] = self.current_epoch, scheduler.state_dict()
@@ -84,7 +96,8 @@ class Bare(LightningModule):
             torch.save(state, self.workdir / "best.pt")
 
     def on_fit_end(self) -> None:
-        self.log_file.close()
+        if self.log_file:
+            self.log_file.close()
 
     def configure_optimizers(self):
         optimizer = AdamW(self.network.parameters(), lr=3e-3, weight_decay=0.01)
@@ -95,6 +108,7 @@ class Bare(LightningModule):
 def main() -> None:
     parser = arguments(__doc__)
     parser.add_argument("--manual", action="store_true", help="manual optimization, clipping by hand")
+    parser.add_argument("--devices", type=int, default=1, help="CPU processes (DDP over gloo above 1)")
     args = parser.parse_args()
 
     torch.manual_seed(42)
@@ -107,7 +121,7 @@ def main() -> None:
         network.compile()
     lr_factor = importlib.import_module(f"{args.package}.models.base").lr_factor
     data.setup("fit")
-    total_steps = args.max_epochs * math.ceil(len(data.splits["train"]) / args.batch_size)
+    total_steps = args.max_epochs * math.ceil(len(data.splits["train"]) / args.batch_size / args.devices)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     schedule = lambda step: lr_factor(step, 50, total_steps)  # noqa: E731
@@ -116,7 +130,8 @@ def main() -> None:
         max_epochs=args.max_epochs,
         max_steps=args.steps,
         accelerator="cpu",
-        devices=1,
+        devices=args.devices,
+        strategy=DDPStrategy(process_group_backend="gloo") if args.devices > 1 else "auto",
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,

@@ -8,7 +8,7 @@ validation subtracted, split into the intervals between two steps of an epoch an
 boundaries between epochs (end of one epoch's last step to the end of the next one's first,
 validation subtracted), the time of every validation epoch, the step count and the process's
 peak RSS. With ``BENCH_INIT`` set it also saves the network's initial weights there, for the
-hand loop.
+hand loop. Under DDP only the first process writes; the others train in step with it.
 """
 
 import json
@@ -40,7 +40,7 @@ class BenchClock(Callback):
 
     def on_fit_start(self, trainer, pl_module) -> None:
         init = os.environ.get("BENCH_INIT")
-        if init and not os.path.exists(init):
+        if init and trainer.is_global_zero and not os.path.exists(init):
             torch.save(pl_module.network.state_dict(), init)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -69,6 +69,8 @@ class BenchClock(Callback):
 
     def teardown(self, trainer, pl_module, stage) -> None:
         # After every callback's on_fit_end (the record, the loggers' last writes).
+        if not trainer.is_global_zero:
+            return
         fit_s = time.perf_counter() - self.fit_started
         # Validation after the last step is outside the span; only the validation between steps counts.
         final_val = self.val_times[-1] if self.val_times and self.val_started > self.last_step else 0.0

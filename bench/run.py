@@ -13,15 +13,17 @@ by four sides in turn, several rounds, the sides' order rotating from round to r
 Workloads: ``default``, the default config (digits, 20 steps an epoch, 30 epochs), where fixed
 costs at each epoch's end weigh most; ``long_epoch``, the default model on 64,000 samples of
 digits' shape (700 steps an epoch, 2 epochs; resampled digits with noise, drawn once from a fixed
-seed), where the cost of each step does. Times are measured inside each process (``clock.py`` in
-the Lightning runs): a step inside an epoch, an epoch's end (from its last step to the end of the
-next one's first, validation excluded), the whole fit (sanity check, epochs, validation,
-checkpoints, loggers), and start-up from the end of ``import lightning`` (``sitecustomize.py``)
-to the end of the first optimizer step, in the same process. Prints the medians with their
-spread, and ends with three lines:
+seed), where the cost of each step does; ``ddp``, long_epoch in two DDP processes on the CPU
+(``configs/trainer/ddp_cpu.yaml``; 350 steps an epoch each), against ``bare.py --devices 2``.
+Times are measured inside each process (``clock.py`` in the Lightning runs): a step inside an
+epoch, an epoch's end (from its last step to the end of the next one's first, validation
+excluded), the whole fit (sanity check, epochs, validation, checkpoints, loggers), and start-up
+from the end of ``import lightning`` (``sitecustomize.py``) to the end of the first optimizer
+step, in the same process. Prints the medians with their spread, and ends with three lines:
 
     project_over_bare[default]=X.XX     the project's fit time over the bare Trainer's
     project_over_bare[long_epoch]=X.XX  (the median of the rounds' ratios)
+    project_over_bare[ddp]=X.XX
     startup_after_import_lightning_s=X.XX  the default config's, logger included (median)
 
 ``--configs`` also takes ``small_batch``, ``compile`` and ``wide`` (three sides: project, bare,
@@ -74,6 +76,7 @@ class Workload(NamedTuple):
     compiled: bool = False
     hidden_sizes: list[int] | None = None
     data_file: bool = False  # trains on the long-epoch file instead of digits
+    devices: int = 1  # CPU processes: DDP over gloo above 1
 
 
 WORKLOADS = {
@@ -84,6 +87,20 @@ WORKLOADS = {
         2,
         SIDES,
         data_file=True,
+    ),
+    # long_epoch in two DDP processes (configs/trainer/ddp_cpu.yaml): 350 steps an epoch each.
+    "ddp": Workload(
+        [
+            "--config=configs/trainer/ddp_cpu.yaml",
+            "--config=configs/data/file.yaml",
+            "--data.init_args.standardize=false",
+            "--trainer.max_epochs=2",
+        ],
+        64,
+        2,
+        ["project", "bare"],
+        data_file=True,
+        devices=2,
     ),
     "small_batch": Workload(
         ["--data.init_args.batch_size=16", "--trainer.max_epochs=4"], 16, 4, ["project", "bare", "hand"]
@@ -99,7 +116,7 @@ WORKLOADS = {
         hidden_sizes=[1024, 1024],
     ),
 }
-DEFAULT_CONFIGS = ["default", "long_epoch"]
+DEFAULT_CONFIGS = ["default", "long_epoch", "ddp"]
 # Not a training workload: images.py, the image loader's throughput and the step's waits.
 IMAGES = "images"
 
@@ -213,6 +230,7 @@ def side_command(side: str, workload: Workload, name: str, rep: int, workdir: Pa
     if workload.hidden_sizes:
         command.append(f"--hidden-sizes={','.join(map(str, workload.hidden_sizes))}")
     command += [f"--data-file={workdir / 'long_epoch.npz'}"] if workload.data_file else []
+    command += [f"--devices={workload.devices}"] if workload.devices > 1 else []
     return command
 
 
@@ -283,7 +301,8 @@ def print_table(rows: dict[str, dict[str, list[dict]]]) -> None:
         parts = [f"project/bare fit {spread(round_ratios(results, 'project', 'bare'))}"]
         if "no_logger" in results:
             parts.append(f"no_logger/bare fit {spread(round_ratios(results, 'no_logger', 'bare'))}")
-        parts.append(f"bare/hand fit {spread(round_ratios(results, 'bare', 'hand'))}")
+        if "hand" in results:
+            parts.append(f"bare/hand fit {spread(round_ratios(results, 'bare', 'hand'))}")
         parts.append(f"step ms over bare's: project +{step['project'] - step['bare']:.3f}")
         parts.append(f"epoch end ms over bare's: project +{end['project'] - end['bare']:.1f}")
         print(f"{name}: " + "; ".join(parts))
