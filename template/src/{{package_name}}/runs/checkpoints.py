@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import sys
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,11 @@ def set_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
+# How often DDP processes agree on whether a signal asked one of them to stop (LastCheckpoint).
+AGREE_EVERY_S = 0.25
+MAX_STEPS_BETWEEN_AGREEMENTS = 1000
+
+
 class LastCheckpoint(Checkpoint):
     """Keeps ``<dirpath>/last.ckpt``, the state to resume from, exactly where training stands.
 
@@ -150,6 +156,8 @@ class LastCheckpoint(Checkpoint):
         # From on_train_start on: ddp_spawn pickles the callbacks before, which these would defeat.
         self._signals: StopOnSignals | None = None
         self._flags_group: Any = None
+        self._next_agreement = 0  # the step at which the DDP processes next agree on a signal
+        self._last_agreement = (0, 0.0)  # the step and time of their last agreement
 
     @property
     def path(self) -> Path:
@@ -158,7 +166,7 @@ class LastCheckpoint(Checkpoint):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Lightning's own SIGTERM handling stops each DDP process where it sees the flag, and
         # processes signalled a moment apart then stop at different steps and wait for each
-        # other forever. Here a signal is only noted, and the processes agree after each step.
+        # other forever. Here a signal is only noted, and the processes agree on it (below).
         def end_other_processes() -> None:
             if trainer.strategy.launcher is not None:
                 trainer.strategy.launcher.kill(signal.SIGKILL)
@@ -170,6 +178,8 @@ class LastCheckpoint(Checkpoint):
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             timeout = getattr(trainer.strategy, "_timeout", None)  # the CLI's --ddp_timeout_s
             self._flags_group = torch.distributed.new_group(backend="gloo", timeout=timeout)
+        self._next_agreement = trainer.global_step
+        self._last_agreement = (trainer.global_step, time.monotonic())
         if trainer.ckpt_path and trainer.is_global_zero:
             self._remove_later_best(trainer)
 
@@ -211,7 +221,7 @@ class LastCheckpoint(Checkpoint):
         after_step = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
         if not after_step or trainer.fit_loop.epoch_loop.done:
             return
-        if self._stop_requested(trainer):
+        if self._stop_requested(trainer, epoch_end=False):
             raise SIGTERMException
         steps = self.every_n_train_steps
         if steps and trainer.global_step % steps == 0:
@@ -221,18 +231,33 @@ class LastCheckpoint(Checkpoint):
         if self._signals is not None:
             self._signals.alive()
 
-    def _stop_requested(self, trainer: Trainer) -> bool:
-        """Whether a signal asked any process to stop (a collective operation under DDP)."""
+    def _stop_requested(self, trainer: Trainer, epoch_end: bool) -> bool:
+        """Whether a signal asked this process, or under DDP any process, to stop.
+
+        DDP processes agree on it in a collective operation, which waits for the slowest of them:
+        after every step, that cost more than the step itself on 2 busy CPU cores. They agree at
+        each epoch's end and at steps about ``AGREE_EVERY_S`` apart, the next one chosen at the
+        last agreement from the slowest process's pace; at the other steps this is False.
+        """
         requested = self._signals is not None and self._signals.requested
         if trainer.world_size == 1:
             return requested
-        flag = torch.tensor([int(requested)])
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._flags_group)
-        return bool(flag.item())
+        step = trainer.global_step
+        if step < self._next_agreement and not epoch_end:
+            return False
+        last_step, last_time = self._last_agreement
+        pace = max(step - last_step, 1) / max(time.monotonic() - last_time, 1e-6)  # steps a second
+        steps_until_next = min(max(int(AGREE_EVERY_S * pace), 1), MAX_STEPS_BETWEEN_AGREEMENTS)
+        # One operation for both: any process's request, and the fewest steps any proposes.
+        flags = torch.tensor([int(requested), -steps_until_next])
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX, group=self._flags_group)
+        self._next_agreement = step - int(flags[1])
+        self._last_agreement = (step, time.monotonic())
+        return bool(flags[0])
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._save(trainer, pl_module)
-        if self._stop_requested(trainer):
+        if self._stop_requested(trainer, epoch_end=True):
             raise SIGTERMException
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:

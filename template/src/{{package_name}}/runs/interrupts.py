@@ -1,8 +1,9 @@
 """SIGTERM and Ctrl-C (SIGINT) during training: stop after the current step, or at once when stuck.
 
 A signal only notes that the run should stop (``requested``). ``LastCheckpoint`` reads the
-note after every optimizer step, agreeing on it with every DDP process so that all stop at the
-same step, raises ``SIGTERMException`` and saves ``last.ckpt``; the process then exits with
+note after every optimizer step (under DDP, at steps about a quarter of a second apart, where
+every process agrees on it, so that all stop at the same step), raises ``SIGTERMException`` and
+saves ``last.ckpt``; the process then exits with
 status 128 + the signal's number (143 for SIGTERM, 130 for SIGINT).
 
 A process stuck in one call, such as a collective operation waiting for a DDP process that is
