@@ -197,20 +197,31 @@ def project(tmp_path_factory):
 
 def _job(job_id: str, env: dict) -> dict[str, str]:
     """The job's fields as `scontrol show job` prints them (JobState, Restarts, ExitCode, ...)."""
+    return dict(field.split("=", 1) for field in _shown_job(job_id, env, check=True) if "=" in field)
+
+
+def _shown_job(job_id: str, env: dict, check: bool) -> list[str]:
+    """The words of `scontrol show job -o`: its fields, a line for each task of an array."""
     shown = subprocess.run(
         ["scontrol", "show", "job", "-o", job_id],
         capture_output=True,
         text=True,
         env=env,
-        check=True,
+        check=check,
         timeout=COMMAND_TIMEOUT,
     )
-    return dict(field.split("=", 1) for field in shown.stdout.split() if "=" in field)
+    return shown.stdout.split()
 
 
 def _submit(project: Path, env: dict, *args: str) -> str:
+    """Submit scripts/slurm/train.sbatch with ``args``; the job's id."""
+    return _sbatch(project, env, *SBATCH, "scripts/slurm/train.sbatch", *args)
+
+
+def _sbatch(project: Path, env: dict, *words: str) -> str:
+    """Run the sbatch command ``words`` in ``project``; the job's id."""
     submitted = subprocess.run(
-        [*SBATCH, "scripts/slurm/train.sbatch", *args],
+        words,
         cwd=project,
         env=env,
         capture_output=True,
@@ -291,14 +302,11 @@ def test_requeued_job_resumes_to_the_weights_of_an_uninterrupted_one(slurm, proj
 
 def _array_states(job_id: str, env: dict) -> list[str]:
     """The state of each task of a job array (one line each in `scontrol show job`)."""
-    shown = subprocess.run(
-        ["scontrol", "show", "job", "-o", job_id],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=COMMAND_TIMEOUT,
-    )
-    return [field.split("=", 1)[1] for field in shown.stdout.split() if field.startswith("JobState=")]
+    return [
+        field.split("=", 1)[1]
+        for field in _shown_job(job_id, env, check=False)
+        if field.startswith("JobState=")
+    ]
 
 
 def test_a_sweep_array_runs_its_tasks_as_workers_of_one_study(slurm, project):
@@ -331,17 +339,10 @@ def test_a_sweep_array_runs_its_tasks_as_workers_of_one_study(slurm, project):
 
 
 def _submit_array(project: Path, env: dict) -> str:
-    submitted = subprocess.run(
-        [
-            *["sbatch", "--parsable", "--array=0-1", "--cpus-per-task=1", "--gpus-per-node=0"],
-            *["scripts/slurm/sweep.sbatch", "configs/sweep/array.yaml"],
-            *["--", "--trainer.max_epochs=3", "--data.subset=400", "--trainer.enable_progress_bar=false"],
-        ],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_TIMEOUT,
+    return _sbatch(
+        project,
+        env,
+        *["sbatch", "--parsable", "--array=0-1", "--cpus-per-task=1", "--gpus-per-node=0"],
+        *["scripts/slurm/sweep.sbatch", "configs/sweep/array.yaml"],
+        *["--", "--trainer.max_epochs=3", "--data.subset=400", "--trainer.enable_progress_bar=false"],
     )
-    assert submitted.returncode == 0, submitted.stderr
-    return submitted.stdout.strip().split(";")[0]

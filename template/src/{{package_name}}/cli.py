@@ -33,7 +33,7 @@ from .runs.interrupts import end_with_parent, received_signal
 from .runs.record import ExperimentRecord
 from .runs.summary import evaluation_summary, failure_line, fit_summary, predict_summary
 from .utils import PredictionWriter
-from .utils.console import VERBOSE_VARIABLE, is_verbose, quiet
+from .utils.console import is_verbose, quiet, take_verbose
 from .utils.tracking import end_tracking
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -52,18 +52,6 @@ SUBCOMMAND_HELP = {
     "predict": "Predict with a checkpoint (--ckpt_path): the test split, or the samples of --inputs.",
 }
 quiet()
-
-
-class Parser(LightningArgumentParser):
-    """Short refusals: one line of usage (``--help`` lists the options) and a mistyped option of a
-    class in one line."""
-
-    def print_usage(self, file: Any = None) -> None:
-        print(f"usage: {self.prog.replace(' [options]', '')} [options]", file=file)
-
-    def error(self, message: str, ex: Exception | None = None) -> Any:
-        # Only the parser that prints rewrites the message; the nested ones' are inside it.
-        return super().error(settings.mistyped_option(message) if self.exit_on_error else message, ex)
 
 
 class CLI(LightningCLI):
@@ -114,7 +102,8 @@ class CLI(LightningCLI):
             if self.subcommand in ("validate", "test", "predict") and config.ckpt_path:
                 start.use_checkpoint_data(config, self.checkpoint, self.subcommand, self.words)
             settings.use_inputs(config, self.subcommand)
-            settings.set_sizes(config)
+            if (data := settings.build_data(self.parser, self.config, self.subcommand)) is not None:
+                settings.set_sizes(config, data)
             run_dir, resumed = start.run_dir(config, self.subcommand)
             settings.check_precision(config.trainer)
         start.point_outputs(config, run_dir, resumed, self.checkpoint, self.subcommand)
@@ -197,19 +186,6 @@ class CLI(LightningCLI):
             print(predict_summary(self.trainer.ckpt_path, self._callback(PredictionWriter).written))
 
 
-def _take_verbose(args: ArgsType) -> tuple[ArgsType, list[str]]:
-    """The arguments without ``--verbose``, which sets the verbose variable, and their words."""
-    words = list(sys.argv[1:] if args is None else args) if isinstance(args, list | None) else []
-    if "--verbose" in words:
-        words.remove("--verbose")
-        os.environ[VERBOSE_VARIABLE] = "1"
-        if args is None:
-            sys.argv = [sys.argv[0], *words]
-        else:
-            args = words
-    return args, words
-
-
 def _default_config_files() -> list[str]:
     """``configs/default.yaml``, then ``configs/project.yaml`` or the file that the variable
     ``PROJECT_CONFIG_VARIABLE`` names: those of them that exist."""
@@ -229,7 +205,7 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
     """
     if run and "LOCAL_RANK" in os.environ:
         end_with_parent()  # a DDP process started by another: never outlive it
-    args, words = _take_verbose(args)
+    args, words = take_verbose(args)
     found = _default_config_files()
     defaults = {"default_config_files": found} if found else {}
     parser_kwargs = {"prog": f"python -m {__package__}"}
@@ -246,7 +222,7 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
             parser_kwargs=parser_kwargs,
             save_config_kwargs={"overwrite": False},
             auto_configure_optimizers=False,
-            parser_class=Parser,
+            parser_class=settings.Parser,
         )
         failed = False
         return cli

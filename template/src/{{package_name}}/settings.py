@@ -1,6 +1,6 @@
 """The options a run takes besides LightningCLI's, and the checks on its settings made before
-anything is built: refused and mistyped options, the sizes taken from the data, the precision the
-device can run, and ``--config`` files."""
+the model is built: refused and mistyped options (``Parser``), the sizes taken from the data (its
+data module is built first, once), the precision the device can run, and ``--config`` files."""
 
 import difflib
 import importlib
@@ -11,10 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from jsonargparse import Namespace
 from jsonargparse.typing import PositiveInt
+from lightning.pytorch.cli import LightningArgumentParser
+from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters_context
 
-from .data import gives_sizes
+from .data import SupervisedDataModule, gives_sizes
 from .errors import ConfigError, UsageError, message_of
 from .models.base import check_task
 from .runs.directory import RUNS_DIR
@@ -66,6 +69,18 @@ OPTIONS = {
 
 # What each size taken from the data counts, as the messages say.
 SIZE_NAMES = {"in_features": "input features", "num_classes": "classes", "num_outputs": "regression target"}
+
+
+class Parser(LightningArgumentParser):
+    """Short refusals: one line of usage (``--help`` lists the options) and a mistyped option of a
+    class in one line."""
+
+    def print_usage(self, file: Any = None) -> None:
+        print(f"usage: {self.prog.replace(' [options]', '')} [options]", file=file)
+
+    def error(self, message: str, ex: Exception | None = None) -> Any:
+        # Only the parser that prints rewrites the message; the nested ones' are inside it.
+        return super().error(mistyped_option(message) if self.exit_on_error else message, ex)
 
 
 def refuse_options(config: Namespace) -> None:
@@ -140,16 +155,47 @@ def check_precision(trainer: Namespace) -> None:
         raise UsageError(f"trainer.precision={precision}: this GPU has no bfloat16; use 16-mixed")
 
 
-def set_sizes(config: Namespace) -> None:
-    """Give the model and its network the data's sizes (classes, input features, outputs) where
-    they are unset, and refuse one set by hand that differs from the data's."""
-    data_class = class_at(config.data.class_path)
+def build_data(
+    parser: LightningArgumentParser, config: Namespace, subcommand: str | None
+) -> SupervisedDataModule | None:
+    """The run's data module, built before the model so that the model's sizes can be read from it
+    (``set_sizes``), and handed to LightningCLI in place of a second one, so the data is read once.
+    None for a data module that gives no sizes (``data/contract.py``), which LightningCLI builds.
+
+    It is built as LightningCLI builds one: its hyper-parameters are the config's, with its class
+    path, so that test and predict rebuild it from a checkpoint.
+    """
+    given = config[subcommand].data if subcommand else config.data
+    data_class = class_at(given.class_path)
     if not gives_sizes(data_class):
-        return  # a data module of another kind: the sizes are as configured (data/contract.py)
-    try:
-        data = data_class(**config.data.init_args.as_dict())
-    except (KeyError, FileNotFoundError, ValueError) as error:
-        raise UsageError(message_of(error)) from error
+        return None
+    dump = yaml.safe_load(parser.dump(config, skip_none=False, skip_link_targets=False))
+    dumped = (dump[subcommand] if subcommand else dump)["data"]
+    hparams = {"_class_path": dumped["class_path"], **dumped.get("init_args", {})}
+    with _given_hyperparameters_context(hparams, instantiator="lightning.pytorch.cli.instantiate_module"):
+        try:
+            data = data_class(**given.init_args.as_dict())
+        except (KeyError, FileNotFoundError, ValueError) as error:
+            raise UsageError(message_of(error)) from error
+    parser.add_instantiator(_Built(data), data_class, subclasses=False, prepend=True)
+    return data
+
+
+class _Built:
+    """An instantiator for the parser that gives an object already built (one that pickles, since
+    ``ddp_spawn`` sends the parser to its processes)."""
+
+    def __init__(self, built: Any) -> None:
+        self.built = built
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.built
+
+
+def set_sizes(config: Namespace, data: SupervisedDataModule) -> None:
+    """Give the model and its network the sizes of ``data``, the run's data module (classes, input
+    features, outputs), where they are unset, and refuse one set by hand that differs from the
+    data's."""
     check_task(class_at(config.model.class_path), data.task)
     sizes = {"num_classes": data.num_classes, "in_features": data.num_features}  # reads the data
     model = config.model.init_args

@@ -13,11 +13,12 @@ class SupervisedDataModule(LightningDataModule):
     """A data module of labelled samples that tells the model what it needs to know of them.
 
     Every data module in ``data/`` is one: ``ArrayDataModule``, ``ImageFolderDataModule`` and
-    their subclasses. Before it builds the model, the command line builds a data module of this
-    kind (``gives_sizes``) from ``data.init_args`` and reads its ``task``, ``num_features`` and
+    their subclasses. The command line builds a data module of this kind (``gives_sizes``) from
+    ``data.init_args`` before the model, and reads its ``task``, ``num_features`` and
     ``num_classes``: they become the sizes the config leaves unset
     (``model.init_args.num_classes``, the network's ``in_features``, ``num_classes`` and
-    ``num_outputs``), and a size set by hand that differs from the data's is refused.
+    ``num_outputs``), and a size set by hand that differs from the data's is refused. The run
+    then uses that same data module, so the data is read once.
 
     A subclass gives:
 

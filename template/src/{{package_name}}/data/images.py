@@ -10,7 +10,6 @@ of an epoch leave every augmented image as it would have been.
 import os
 import re
 import warnings
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +226,7 @@ class ImageFolderDataModule(SplitDataModule):
             )
         if self.hparams.skip_unreadable:
             paths = sorted(path for files, _ in found.values() for path in files)
-            unreadable = _unreadable(tuple((path, os.path.abspath(path), *_version(path)) for path in paths))
+            unreadable = _unreadable(paths)
             found = {split: _without(files, labels, unreadable) for split, (files, labels) in found.items()}
         for split, (files, labels) in found.items():
             size = subset_size(self.hparams.subset, len(files))
@@ -334,18 +333,10 @@ def _without(files: list[str], labels: list[int], left_out: frozenset[str]) -> t
     return [files[i] for i in kept], [labels[i] for i in kept]
 
 
-def _version(path: str) -> tuple[int, int]:
-    status = os.stat(path)
-    return status.st_mtime_ns, status.st_size
-
-
-@cache
-def _unreadable(files: tuple[tuple[str, str, int, int], ...]) -> frozenset[str]:
-    """The images among ``files`` (path, absolute path, modification time, size) that cannot be
-    decoded, said once per set of files (the command line reads the data for its sizes before
-    training reads it again)."""
+def _unreadable(paths: list[str]) -> frozenset[str]:
+    """The images among ``paths`` that cannot be decoded, with a line saying how many."""
     unreadable = set()
-    for path, *_ in files:
+    for path in paths:
         try:
             read_image(path)
         except UnreadableImageError:

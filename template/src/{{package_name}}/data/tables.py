@@ -15,7 +15,6 @@ module's ``missing`` says. In a column of numbers it is read as NaN.
 import csv
 import zipfile
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -105,15 +104,10 @@ def read_table(
         raise DataError(f"{path} is not a .npy, .npz or .csv file")
     if not path.is_file():
         raise FileNotFoundError(f"no such file {path}")
-    stat = path.stat()
-    # Read once per process and version of the file: the CLI reads the data to size the model.
-    labels = label_column if path.suffix == ".csv" else labels_key
-    return _read(path, path.resolve(), stat.st_mtime_ns, stat.st_size, labels, features_key)
-
-
-@lru_cache(maxsize=4)
-def _read(path: Path, resolved: Path, mtime_ns: int, size: int, labels: str, features_key: str) -> Table:
-    table = _read_csv(path, labels) if path.suffix == ".csv" else _read_arrays(path, labels, features_key)
+    if path.suffix == ".csv":
+        table = _read_csv(path, label_column)
+    else:
+        table = _read_arrays(path, labels_key, features_key)
     check_numeric(table)
     return table
 

@@ -5,7 +5,9 @@ summary and metrics tables, and wandb's lines."""
 import logging
 import os
 import re
+import sys
 import warnings
+from typing import Any
 
 # Set by --verbose, and seen by the processes a command starts (DDP's, wandb's) too.
 VERBOSE_VARIABLE = f"{__package__.split('.')[0].upper()}_VERBOSE"
@@ -15,6 +17,20 @@ ROUTINE_LINES = re.compile(
     r"(GPU|TPU|HPU) available|Seed set to|`Trainer\.\w+` stopped|Restoring states from|Restored all states"
     r"|Loaded model weights from|LOCAL_RANK: |Initializing distributed|-+\ndistributed_backend="
 )
+
+
+def take_verbose(args: Any) -> tuple[Any, list[str]]:
+    """The command's arguments (``args``, or the command line for None) without ``--verbose``,
+    which sets the verbose variable instead, and their words."""
+    words = list(sys.argv[1:] if args is None else args) if isinstance(args, list | None) else []
+    if "--verbose" in words:
+        words.remove("--verbose")
+        os.environ[VERBOSE_VARIABLE] = "1"
+        if args is None:
+            sys.argv = [sys.argv[0], *words]
+        else:
+            args = words
+    return args, words
 
 
 def is_verbose() -> bool:
