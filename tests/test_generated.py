@@ -7,12 +7,10 @@ import sys
 import tomllib
 from importlib import metadata
 
-import numpy as np
 import pytest
 import yaml
 from conftest import MATRIX, ROOT, install, run_python
 from packaging.requirements import Requirement
-from sklearn.datasets import load_wine
 
 KEYS = list(MATRIX)
 JINJA = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}|\{\{|\{%")
@@ -175,11 +173,12 @@ def test_a_plain_pytest_runs_the_smoke_suite_and_full_runs_every_test(generated,
 #   resume, sweeps and the record among them), and the fast image tests (the image module
 #   classifies in every project); the machinery both tasks share (DDP signals and hangs, memory,
 #   tooling, exact resume with image workers) runs once, in the classification parts;
-# - no logger, and wandb with CSV (the default answer): the fast tests of the files whose code or
-#   outcome depends on the loggers chosen; in a regression project, those of its test report.
-#   TensorBoard and CSV, alone or together, run them in the regression project and beside wandb
-#   in the full suite; a single logger other than wandb takes no path of its own in the
-#   project's code (one entry of trainer.logger).
+# - no logger: the fast tests of the files whose code or outcome depends on the loggers chosen;
+#   in a regression project with the default loggers, those of its test report. The default
+#   answer (wandb and CSV) runs its smoke suite in test_release.py, on what a user copies;
+#   TensorBoard and CSV, alone or together, run in the regression project and beside wandb in the
+#   full suite; a single logger other than wandb takes no path of its own in the project's code
+#   (one entry of trainer.logger).
 # The other answer sets are generated and checked above.
 FULL = "loggers=wandb+tensorboard+csv"
 FULL_PARTS = {"ddp+user_path": ("ddp", "user_path"), "images+training": ("images", "training")}
@@ -235,12 +234,10 @@ REGRESSION = "task=regression,loggers=tensorboard+csv"
 for name, names in TASK_PARTS.items():
     PARTS[REGRESSION, name] = [[*_test_files(*names), *(f"--deselect=tests/{test}" for test in ONCE)]]
 PARTS[REGRESSION, "files"].append(["-m", "not slow", *_test_files("images")])
-for key in KEYS:
-    if key != REGRESSION and key.partition("loggers=")[2] in ("none", "wandb+csv"):
-        # A regression project's loggers take the same paths as a classifier's, but for the images
-        # of its test report.
-        files = ("reports",) if key.startswith("task=regression") else LOGGER_FILES
-        PARTS[key, "logger files"] = [["-m", "not slow", *_test_files(*files)]]
+PARTS["loggers=none", "logger files"] = [["-m", "not slow", *_test_files(*LOGGER_FILES)]]
+# A regression project's loggers take the same paths as a classifier's, but for the images of its
+# test report.
+PARTS["task=regression,loggers=wandb+csv", "logger files"] = [["-m", "not slow", *_test_files("reports")]]
 
 
 def test_the_docs_say_what_each_part_covers():
@@ -260,28 +257,3 @@ def test_generated_project_tests_pass(generated, key, part, tmp_path):
         result = run_python(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--full", *selection)
         assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
         assert re.search(r"\d+ passed", result.stdout)
-
-
-@pytest.mark.slow
-def test_generated_tests_pass_when_the_project_trains_its_own_model_and_data(generated, tmp_path):
-    # The user points configs/project.yaml at other data (scikit-learn's wine, as a CSV file) and
-    # another network width. The tests train tests/reference.yaml's model and data, so their
-    # numbers still hold; the one test that trains project.yaml's choice trains the wine.
-    key = "loggers=wandb+csv"
-    project = shutil.copytree(generated(key), tmp_path / "project")
-    package = MATRIX[key]["project_name"].lower().replace(" ", "_")
-    wine = load_wine()
-    rows = np.column_stack([wine.data, wine.target])
-    header = ",".join([*wine.feature_names, "label"])
-    np.savetxt(project / "data" / "wine.csv", rows, delimiter=",", header=header, comments="", fmt="%g")
-    config = yaml.safe_load((project / "configs" / "project.yaml").read_text())
-    config["model"]["init_args"]["network"]["init_args"]["hidden_sizes"] = [64]
-    data = {"path": "data/wine.csv", "label_column": "label", "batch_size": 32}
-    config["data"] = {"class_path": f"{package}.data.FileDataModule", "init_args": data}
-    (project / "configs" / "project.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    install(project)
-    own = "tests/test_smoke.py::test_the_projects_own_model_and_data_train_and_test"
-    assert own in _collected(project)
-    result = run_python(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA")
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
-    assert f"PASSED {own}" in result.stdout

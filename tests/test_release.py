@@ -3,7 +3,7 @@
 The template is cloned, tagged with `make tags`, and copied with `copier copy --defaults` and no
 `--vcs-ref`, so Copier takes the newest tag, as it does for every user. The project's commands are
 the README's, run in this environment (which holds every package a project needs) instead of
-`pip install -e ".[dev]"`.
+`pip install -e ".[dev]"`; then the user trains data of their own, and the project's tests still pass.
 """
 
 import json
@@ -13,10 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from conftest import ROOT, run_python
 from release import released, unreleased_problem
+from sklearn.datasets import load_wine
 
 # `make tags` makes annotated tags, which need a tagger; nothing of a `make test` running this
 # reaches the inner make.
@@ -64,7 +66,22 @@ def test_a_user_copy_is_the_newest_release_and_trains_and_passes_its_tests(tmp_p
     assert fit["stage"] == "fit" and fit["best_checkpoint"] == str(best.resolve())
     assert test["test"]["test/acc"] >= 0.95
 
-    summary = command("-m", "pytest", "-q", "-p", "no:cacheprovider").stdout.splitlines()[-1]
+    # Then the user points configs/project.yaml at data of their own (scikit-learn's wine, as a CSV
+    # file) and another network width. The tests train tests/reference.yaml's model and data, so
+    # their numbers still hold; the one test that trains project.yaml's choice trains the wine.
+    wine = load_wine()
+    rows = np.column_stack([wine.data, wine.target])
+    header = ",".join([*wine.feature_names, "label"])
+    np.savetxt(project / "data" / "wine.csv", rows, delimiter=",", header=header, comments="", fmt="%g")
+    config = yaml.safe_load((project / "configs" / "project.yaml").read_text())
+    config["model"]["init_args"]["network"]["init_args"]["hidden_sizes"] = [64]
+    data = {"path": "data/wine.csv", "label_column": "label", "batch_size": 32}
+    config["data"] = {"class_path": "my_project.data.FileDataModule", "init_args": data}
+    (project / "configs" / "project.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+    output = command("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA").stdout
+    assert "PASSED tests/test_smoke.py::test_the_projects_own_model_and_data_train_and_test" in output
     # Tests whose precondition this machine lacks are skipped (CI runs as root: no read-only directories).
     passed_only = r"\d+ passed(, \d+ skipped)?, \d+ deselected(, \d+ warnings?)? in .+"
+    summary = output.splitlines()[-1]
     assert re.fullmatch(passed_only, summary), summary

@@ -43,19 +43,20 @@ class Preprocessing(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         width = len(self.numeric)
         numeric = x[:, :width] if self.categories else x
-        missing = torch.isnan(numeric)
+        # Where numbers are missing is only looked for when something uses it (every step pays for it).
+        missing = torch.isnan(numeric) if self.median.numel() or self.indicators else None
         if self.median.numel():
             numeric = torch.where(missing, self.median, numeric)
         if self.mean.numel():
             numeric = (numeric - self.mean) / self.scale
         if not (self.categories or self.indicators):
             return numeric
-        indicators = missing.flatten(1)[:, self.indicators].to(x.dtype)
+        indicators = [missing.flatten(1)[:, self.indicators].to(x.dtype)] if self.indicators else []
         one_hot = [
             (x[:, width + j, None] == torch.arange(len(values), device=x.device)).to(x.dtype)
             for j, values in enumerate(self.categories.values())
         ]
-        return torch.cat([numeric.flatten(1), indicators, *one_hot], dim=1)
+        return torch.cat([numeric.flatten(1), *indicators, *one_hot], dim=1)
 
     def scale_targets(self, targets: Tensor) -> Tensor:
         return (targets - self.target_mean) / self.target_scale if self.target_mean.numel() else targets

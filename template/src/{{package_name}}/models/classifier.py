@@ -92,10 +92,12 @@ class Classifier(SupervisedModule):
             self.class_weight.copy_(weights)
 
     def objective(self, logits: Tensor, targets: Tensor) -> Tensor:
+        # Unweighted unless weights were asked for: the weighted loss costs each step more.
+        weight = None if self.hparams.class_weights is None else self.class_weight.to(logits.dtype)
         return functional.cross_entropy(
             logits,
             targets,
-            weight=self.class_weight.to(logits.dtype),
+            weight=weight,
             label_smoothing=self.hparams.label_smoothing,
             reduction="none",
         )
