@@ -14,7 +14,8 @@ Workloads: ``default``, the default config (digits, 20 steps an epoch, 30 epochs
 costs at each epoch's end weigh most; ``long_epoch``, the default model on 64,000 samples of
 digits' shape (700 steps an epoch, 2 epochs; resampled digits with noise, drawn once from a fixed
 seed), where the cost of each step does; ``ddp``, long_epoch in two DDP processes on the CPU
-(``configs/trainer/ddp_cpu.yaml``; 350 steps an epoch each), against ``bare.py --devices 2``.
+(``configs/trainer/ddp_cpu.yaml``; 350 steps an epoch each), against ``bare.py --devices 2``,
+by three sides (no ``hand``).
 Times are measured inside each process (``clock.py`` in the Lightning runs): a step inside an
 epoch, an epoch's end (from its last step to the end of the next one's first, validation
 excluded), the whole fit (sanity check, epochs, validation, checkpoints, loggers), and start-up
@@ -98,7 +99,7 @@ WORKLOADS = {
         ],
         64,
         2,
-        ["project", "bare"],
+        ["project", "no_logger", "bare"],
         data_file=True,
         devices=2,
     ),

@@ -21,8 +21,6 @@ def main() -> None:
     # in its own time, and its end (the end of this input) ends the run here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # Logging yields the CPU to training whenever both want it; wandb's own processes inherit this.
-    os.nice(10)
     init = json.loads(sys.stdin.readline())
     import wandb
 
