@@ -34,7 +34,7 @@ from .runs.record import ExperimentRecord
 from .runs.summary import evaluation_summary, failure_line, fit_summary, predict_summary
 from .utils import PredictionWriter
 from .utils.console import is_verbose, quiet, take_verbose
-from .utils.tracking import end_tracking
+from .utils.tracking import WandbLogger, end_tracking
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The template's defaults, then the project's own model and data (a file that copier update never
@@ -159,6 +159,12 @@ class CLI(LightningCLI):
 
     def _callback(self, kind: type) -> Any:
         return next(callback for callback in self.trainer.callbacks if isinstance(callback, kind))
+
+    def before_fit(self) -> None:
+        # wandb's start-up goes on beside the fit's own: under DDP, while the other processes start.
+        for logger in self.trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.start()
 
     def after_fit(self) -> None:
         if self._end_run():

@@ -2,9 +2,10 @@
 
 Lightning's ``WandbLogger`` imports wandb and starts its run in the training process, before the
 first step, and each logging call then takes time from the step. This logger starts a process of its
-own for the run (``wandb_process.py``) when there is first something to log, and sends it what to
-log as lines on a pipe; the training goes on meanwhile, on the machine's other cores. The run is an
-ordinary wandb run, offline by default: ``wandb sync`` uploads it, and online it logs live.
+own for the run (``wandb_process.py``) before a fit, or when there is first something to log, and
+sends it what to log as lines on a pipe; the training goes on meanwhile, on the machine's other
+cores. The run is an ordinary wandb run, offline by default: ``wandb sync`` uploads it, and online
+it logs live.
 
 For what this logger does not offer (artifacts, ``watch``, logging checkpoints), configure
 ``lightning.pytorch.loggers.WandbLogger`` instead: the project supports both.
@@ -92,11 +93,12 @@ class WandbLogger(Logger):
             "settings": settings or {},
         }
         self._process: subprocess.Popen | None = None
+        self._begun = False  # the run has begun: the process has wandb.init's arguments
         self._lost = False  # the process ended early; what follows is not logged
 
     def __getstate__(self) -> dict[str, Any]:
         # ddp_spawn pickles the loggers into its processes; rank 0's starts a wandb process there.
-        return {**self.__dict__, "_process": None}
+        return {**self.__dict__, "_process": None, "_begun": False}
 
     @property
     def name(self) -> str | None:
@@ -115,20 +117,31 @@ class WandbLogger(Logger):
         """The file that keeps what the wandb process printed."""
         return Path(self._save_dir) / "wandb" / "process.log"
 
+    @rank_zero_only
+    def start(self) -> None:
+        """Start the wandb process now rather than at the first thing logged. It imports wandb and
+        starts wandb's service, about a second of CPU, beside what the command does meanwhile: the
+        CLI starts it before a fit, so that under DDP this overlaps the other processes' start. The
+        run itself begins at the first thing logged, so a command that fails before has none."""
+        if self._process is not None or self._lost:
+            return
+        self.output.parent.mkdir(parents=True, exist_ok=True)
+        with self.output.open("a") as output:
+            # In this process group, so that whatever ends the whole group ends it too.
+            command = [sys.executable, str(PROCESS)]
+            shown = None if is_verbose() else output  # --verbose: wandb's lines on the terminal
+            self._process = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=shown, stderr=shown, text=True
+            )
+        _running.add(self)
+
     def _send(self, kind: str, **message: Any) -> None:
         if self._lost:
             return
-        if self._process is None:
-            self.output.parent.mkdir(parents=True, exist_ok=True)
-            with self.output.open("a") as output:
-                # In this process group, so that whatever ends the whole group ends it too.
-                command = [sys.executable, str(PROCESS)]
-                shown = None if is_verbose() else output  # --verbose: wandb's lines on the terminal
-                self._process = subprocess.Popen(
-                    command, stdin=subprocess.PIPE, stdout=shown, stderr=shown, text=True
-                )
-            _running.add(self)
+        if not self._begun:
+            self.start()
             self._write(self._init)
+            self._begun = True
         self._write({"kind": kind, **message})
 
     def _write(self, message: dict[str, Any]) -> None:
@@ -158,9 +171,9 @@ class WandbLogger(Logger):
         of every fit, validate, test and predict."""
         if self._process is None:
             return
-        if not self._lost:
+        if not self._lost:  # before the run has begun, it ends the process: no run
             self._write({"kind": "finish", "exit_code": 0 if status == "success" else 1})
-        process, self._process = self._process, None
+        process, self._process, self._begun = self._process, None, False
         _running.discard(self)
         with contextlib.suppress(OSError):
             process.stdin.close()

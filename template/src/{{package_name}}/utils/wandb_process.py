@@ -1,9 +1,10 @@
 """The process that holds a training run's Weights & Biases run (see ``tracking.py``).
 
-It reads one JSON message a line from its standard input: first the arguments of ``wandb.init``,
-then what to log. At a ``finish`` message it finishes the run with the exit code given; when
-the input ends without one (the training process failed or was killed), it finishes the run as
-failed. Run as a script, so that it imports wandb and nothing of the project, torch or Lightning.
+It imports wandb and starts wandb's service at once, then reads one JSON message a line from its
+standard input: first the arguments of ``wandb.init``, then what to log. A command that ends before
+it logs anything makes no run. At a ``finish`` message it finishes the run with the exit code
+given; when the input ends without one (the training process failed or was killed), it finishes
+the run as failed. Run as a script, so that it imports wandb and nothing of the project, torch or Lightning.
 """
 
 import json
@@ -21,9 +22,12 @@ def main() -> None:
     # in its own time, and its end (the end of this input) ends the run here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    init = json.loads(sys.stdin.readline())
     import wandb
 
+    wandb.setup()  # starts wandb's service, while the training process gets ready
+    init = json.loads(sys.stdin.readline() or '{"kind": "finish"}')
+    if init.get("kind") == "finish":  # the command ended before it logged anything: no run
+        return
     run = wandb.init(**init)
     run.define_metric("trainer/global_step")
     run.define_metric("*", step_metric="trainer/global_step", step_sync=True)
