@@ -102,6 +102,8 @@ class CLI(LightningCLI):
             if self.subcommand in ("validate", "test", "predict") and config.ckpt_path:
                 start.use_checkpoint_data(config, self.checkpoint, self.subcommand, self.words)
             settings.use_inputs(config, self.subcommand)
+            if self.subcommand == "predict" and config.return_predictions is None:
+                config.return_predictions = False  # written as they come (PredictionWriter), not kept
             if (data := settings.build_data(self.parser, self.config, self.subcommand)) is not None:
                 settings.set_sizes(config, data)
             run_dir, resumed = start.run_dir(config, self.subcommand)
@@ -189,7 +191,8 @@ class CLI(LightningCLI):
 
     def after_predict(self) -> None:
         if self._end_run():
-            print(predict_summary(self.trainer.ckpt_path, self._callback(PredictionWriter).written))
+            writer = self._callback(PredictionWriter)
+            print(predict_summary(self.trainer.ckpt_path, writer.written, writer.skipped))
 
 
 def _default_config_files() -> list[str]:

@@ -48,9 +48,16 @@ OPTIONS = {
     "inputs": (
         str | None,
         None,
-        "predict only: predict the samples in this .npy, .npz or .csv file instead of the "
-        "checkpoint's test split (features as in the training data, preprocessed as in training; "
-        "labels, if any, are kept).",
+        "predict only: predict these samples instead of the checkpoint's test split. A table "
+        "model takes a .npy, .npz or .csv file (features as in the training data, preprocessed as "
+        "in training; labels, if any, are kept); an image model an image file, a folder of images "
+        "at any depth, or a glob (quoted; ** for any depth).",
+    ),
+    "top_k": (
+        PositiveInt,
+        3,
+        "predict only: write the k most probable classes of each sample with their probabilities "
+        "(at most every class).",
     ),
     "ddp_timeout_s": (
         PositiveInt,

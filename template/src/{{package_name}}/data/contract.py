@@ -1,10 +1,11 @@
 """What a data module gives the rest of the project (its task, sizes, classes and preprocessing),
 written down once as ``SupervisedDataModule``."""
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from lightning.pytorch import LightningDataModule
+from torch import Tensor
 
 from .preprocessing import Preprocessing
 
@@ -39,7 +40,8 @@ class SupervisedDataModule(LightningDataModule):
       ``model.init_args.class_weights=balanced`` needs;
     - ``missing_values``: what became of missing values, for the experiment record;
     - ``sample_columns``: the columns of ``predictions.csv`` that say where each sample came from;
-    - a ``predict_path`` argument: the file of samples that ``predict --inputs`` gives it.
+    - a ``predict_path`` argument: the samples that ``predict --inputs`` gives it (a file of
+      rows, or images); batches of new samples that may leave some out are ``PredictBatch``.
 
     Its arguments are saved with ``save_hyperparameters()``, so that ``test`` and ``predict``
     rebuild it from a checkpoint as it was trained.
@@ -74,6 +76,14 @@ class SupervisedDataModule(LightningDataModule):
         """Columns of ``predictions.csv`` naming the samples at ``indices`` of the predicted split
         (their rows in the data, their files), one value per sample."""
         return {}
+
+
+class PredictBatch(NamedTuple):
+    """A batch of new samples to predict, from a loader that may leave some out (an unreadable
+    image, skipped): the inputs, and each one's index among the samples asked for."""
+
+    inputs: Tensor
+    indices: Tensor
 
 
 def gives_sizes(data_class: object) -> bool:

@@ -1,5 +1,5 @@
 """Images on disk, one folder per class (torchvision's ``ImageFolder`` layout), decoded and
-augmented in loader worker processes.
+augmented in loader worker processes; and new images to predict, from a folder, a file or a glob.
 
 What a random augmentation draws depends only on the seed, the epoch and the sample's index:
 each sample is transformed under a random state made from those three, never from a worker's
@@ -7,11 +7,13 @@ own stream. So the number of workers, which worker serves a sample, and a resume
 of an epoch leave every augmented image as it would have been.
 """
 
+import glob
 import os
 import re
+import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -19,11 +21,12 @@ from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveFloat,
 from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
 from torch import Tensor
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 from torchvision.transforms import v2
 
 from ..errors import ConfigError
+from .contract import PredictBatch
 from .preprocessing import Preprocessing
 from .splits import (
     EpochSampler,
@@ -66,14 +69,23 @@ def read_image(path: str) -> Tensor:
     (with Pillow): grey and RGBA images are converted to RGB, and grey images of more than 8 bits
     are scaled to 8. An image over Pillow's limit of ``Image.MAX_IMAGE_PIXELS`` is unreadable."""
     try:
-        with open(path, "rb") as file, warnings.catch_warnings():
+        with open(path, "rb") as file:
+            return decode_image(file, path)
+    except OSError as error:
+        raise UnreadableImageError(f"{path} is not a readable image ({error.strerror})") from None
+
+
+def decode_image(file: BinaryIO, name: str) -> Tensor:
+    """An image file's bytes, read as ``read_image`` reads a file; ``name`` names it in the error."""
+    try:
+        with warnings.catch_warnings():
             # Pillow only warns up to twice its limit, then refuses: both are refused here.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             return v2.functional.pil_to_tensor(to_rgb(Image.open(file)))
     except DECODING_ERRORS as error:
         first_line = (str(error) or type(error).__name__).splitlines()[0]
         reason = re.sub(r" <_io\.\w+ name=.*>$", "", first_line)  # Pillow names the file object
-        raise UnreadableImageError(f"{path} is not a readable image ({reason})") from None
+        raise UnreadableImageError(f"{name} is not a readable image ({reason})") from None
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
@@ -117,6 +129,64 @@ class ImageFiles(Dataset):
             return self.transform(image), self.labels[index]
 
 
+class NewImages(Dataset):
+    """Image files to predict, each served with its index. An unreadable one stops the run with
+    its path, or, with ``skip``, is left out with one line naming it (``ReadableBatches``)."""
+
+    def __init__(self, files: list[str], transform: v2.Transform, skip: bool) -> None:
+        self.files, self.transform, self.skip = files, transform, skip
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int] | None:
+        try:
+            return self.transform(read_image(self.files[index])), index
+        except UnreadableImageError as error:
+            if not self.skip:
+                raise
+            print(f"Skipping an unreadable image: {error}", file=sys.stderr)
+            return None
+
+
+class ReadableBatches:
+    """The loader's ``collate_fn`` for ``NewImages``: a ``PredictBatch`` of the images that could
+    be read (an empty one of the right shape when none could)."""
+
+    def __init__(self, image_size: int) -> None:
+        self.image_size = image_size
+
+    def __call__(self, samples: list[tuple[Tensor, int] | None]) -> PredictBatch:
+        read = [sample for sample in samples if sample is not None]
+        if not read:
+            empty = torch.empty(0, 3, self.image_size, self.image_size)
+            return PredictBatch(empty, torch.empty(0, dtype=torch.long))
+        return PredictBatch(*default_collate(read))
+
+
+def find_images(path: str) -> list[str]:
+    """The images ``predict --inputs`` names, sorted: an image file, every image under a folder at
+    any depth, or the images a glob matches (``**`` matches folders at any depth)."""
+    if any(char in path for char in "*?["):
+        found = [name for name in glob.glob(path, recursive=True) if os.path.isfile(name)]
+        found = [name for name in found if name.lower().endswith(IMG_EXTENSIONS)]
+    elif os.path.isdir(path):
+        root = Path(path)
+        found = [str(name) for name in root.rglob("*") if name.is_file() and is_image(str(name), root)]
+    elif os.path.isfile(path):
+        if not path.lower().endswith(IMG_EXTENSIONS):
+            raise ConfigError(
+                f"--inputs: {path} is not an image file ({', '.join(IMG_EXTENSIONS)}); "
+                "this model predicts images: give an image, a folder of them or a glob"
+            )
+        found = [path]
+    else:
+        raise ConfigError(f"--inputs: no such file or folder: {path}")
+    if not found:
+        raise ConfigError(f"--inputs: {path} holds no images ({', '.join(IMG_EXTENSIONS)})")
+    return sorted(found)
+
+
 class SeededEpochSampler(EpochSampler):
     """DDP's shuffled sampler, yielding each index with the epoch it is drawn in."""
 
@@ -133,6 +203,10 @@ class ImageFolderDataModule(SplitDataModule):
     must hold every class. Otherwise ``root`` holds the class folders, and the split is
     stratified by class, seeded by ``split_seed`` apart from the training seed. Files whose
     extension is not an image's are ignored.
+
+    ``predict --inputs`` gives it new images (``predict_path``): a file, a folder of them at any
+    depth, or a glob. They go through the evaluation transform, and need no ``root``: the
+    checkpoint knows the classes.
 
     Args:
         root: the folder of images.
@@ -156,7 +230,10 @@ class ImageFolderDataModule(SplitDataModule):
         drop_last: leave out each epoch's last, incomplete training batch.
         skip_unreadable: leave out the images that cannot be decoded, found by decoding every
             image once at the start, and say how many; by default such an image stops the run
-            with its path.
+            with its path. In ``predict --inputs``, each is left out as it is met, with a line
+            naming it.
+        predict_path: new images for ``predict`` instead of the test split (``predict --inputs``
+            sets it): an image file, a folder, or a glob.
     """
 
     task = "classification"
@@ -180,6 +257,7 @@ class ImageFolderDataModule(SplitDataModule):
         pin_memory: bool | None = None,
         drop_last: bool = False,
         skip_unreadable: bool = False,
+        predict_path: str | None = None,
     ) -> None:
         super().__init__()
         check_subset(subset)
@@ -199,8 +277,13 @@ class ImageFolderDataModule(SplitDataModule):
         return self.prepare().classes
 
     @property
-    def num_classes(self) -> int:
-        return len(self.classes)
+    def num_classes(self) -> int | None:
+        """The classes in ``root``; None when predicting new images, whose checkpoint knows them."""
+        return None if self.hparams.predict_path else len(self.classes)
+
+    @property
+    def predict_split(self) -> str:
+        return "predict" if self.hparams.predict_path else "test"
 
     @property
     def num_features(self) -> int:
@@ -288,6 +371,9 @@ class ImageFolderDataModule(SplitDataModule):
         }
 
     def setup(self, stage: str) -> None:
+        if stage == "predict" and self.hparams.predict_path:
+            self.files["predict"] = find_images(self.hparams.predict_path)
+            return
         self.prepare()
         for split in SPLITS:
             if not self.files[split]:
@@ -310,12 +396,17 @@ class ImageFolderDataModule(SplitDataModule):
         steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(hparams.mean), list(hparams.std))]
         return v2.Compose(steps)
 
-    def dataset(self, split: str, train: bool) -> ImageFiles:
+    def dataset(self, split: str, train: bool) -> ImageFiles | NewImages:
+        if split == "predict":
+            return NewImages(self.files[split], self.transform(train=False), self.hparams.skip_unreadable)
         return ImageFiles(self.files[split], self.labels[split], self.transform(train), loader_seed())
 
     def loader_options(self, processes: int) -> dict[str, Any]:
         workers = self.hparams.num_workers
-        return {"num_workers": default_workers(processes) if workers is None else workers}
+        options = {"num_workers": default_workers(processes) if workers is None else workers}
+        if self.hparams.predict_path:
+            options["collate_fn"] = ReadableBatches(self.hparams.image_size)
+        return options
 
     def sample_columns(self, indices: list[int]) -> dict[str, list]:
         """``file``: each sample's image file."""

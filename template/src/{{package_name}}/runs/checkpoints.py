@@ -9,6 +9,7 @@
 
 import contextlib
 import errno
+import importlib
 import os
 import random
 import re
@@ -16,6 +17,7 @@ import shutil
 import signal
 import sys
 import time
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ import numpy as np
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveFloat
 from lightning.fabric.plugins import TorchCheckpointIO
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
@@ -360,6 +362,26 @@ def _check_record_sizes(path: Path, checkpoint: Any) -> None:
             f"its tensor records hold {sum(held)} bytes, but its tensors need {sum(needed)}: a record "
             "was cut short or padded"
         )
+
+
+def load_trained(path: str | Path) -> tuple[LightningModule, LightningDataModule]:
+    """A checkpoint's model, in eval mode on the CPU, and its data module, built from the settings
+    it was trained with (no data is read until its ``setup``)."""
+    checkpoint = read_checkpoint(path)
+    if "pytorch-lightning_version" not in checkpoint:
+        raise ValueError(f"{path} is not a Lightning checkpoint; a state_dict lacks the model config")
+    package = __package__.rpartition(".")[0]
+    for hyper_parameters in ("hyper_parameters", "datamodule_hyper_parameters"):
+        class_path = checkpoint.get(hyper_parameters, {}).get("_class_path", "")
+        if class_path.startswith(f"{package}."):
+            # Lightning builds only classes already imported: import the project's own module.
+            importlib.import_module(class_path.rpartition(".")[0])
+    with warnings.catch_warnings():
+        # The model is rebuilt with the network built from its saved config; Lightning's advice to
+        # leave a module out of the hyper-parameters is for a model built by hand.
+        warnings.filterwarnings("ignore", message="Attribute 'network' is an instance of `nn.Module`")
+        model = LightningModule.load_from_checkpoint(path, map_location="cpu").eval()
+    return model, LightningDataModule.load_from_checkpoint(path)
 
 
 def load_weights(model: LightningModule, path: str | Path) -> None:

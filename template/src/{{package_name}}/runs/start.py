@@ -21,6 +21,9 @@ PACKAGE = __package__.rpartition(".")[0]
 TRACKING_LOGGER = f"{PACKAGE}.utils.tracking.WandbLogger"
 # Processes that Lightning starts for DDP re-run the command line; they read rank 0's start time here.
 START_TIME_VARIABLE = f"{PACKAGE.upper()}_START_TIME"
+# Data settings of how to load, not of what is loaded: an evaluation may change them from the
+# checkpoint's (more workers for a folder of new images, skipping unreadable ones).
+LOADING_SETTINGS = ("num_workers", "pin_memory", "skip_unreadable")
 
 
 def start_time() -> str:
@@ -113,15 +116,27 @@ def _keep_the_runs_monitor(config: Namespace, checkpoint: dict[str, Any]) -> Non
 def use_checkpoint_data(
     config: Namespace, checkpoint: dict[str, Any], subcommand: str, words: list[str]
 ) -> None:
-    """Evaluate on the data settings the checkpoint was trained with, in its run.
+    """Evaluate on the data settings the checkpoint was trained with, in its run, apart from the
+    ``LOADING_SETTINGS`` given on the command line.
 
     LightningCLI already rebuilds the model from the checkpoint's hyper-parameters.
     """
     data = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     if "_class_path" in data:
         data.pop("_instantiator", None)
-        config.data = Namespace(class_path=data.pop("_class_path"), init_args=Namespace(**data))
-        ignored = dict.fromkeys(word.split("=")[0] for word in words if word.startswith("--data"))
+        given = list(dict.fromkeys(word.split("=")[0] for word in words if word.startswith("--data")))
+        loading = {
+            name: config.data.init_args[name]
+            for name in LOADING_SETTINGS
+            if {f"--data.{name}", f"--data.init_args.{name}"} & set(given) and name in data
+        }
+        data = {name: value for name, value in data.items() if name not in loading}
+        config.data = Namespace(class_path=data.pop("_class_path"), init_args=Namespace(**data, **loading))
+        ignored = [
+            option
+            for option in given
+            if option.removeprefix("--data.").removeprefix("init_args.") not in loading
+        ]
         if ignored:
             instead = "to train on other data, start a run from its weights (fit --weights)"
             if subcommand == "predict":

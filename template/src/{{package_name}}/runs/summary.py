@@ -65,10 +65,13 @@ def evaluation_summary(stage: str, checkpoint: str | None, metrics: dict[str, An
     return "\n".join([f"{stage.capitalize()}{of}:", *_rows({**values, "outputs": f"{shown(output_dir)}/"})])
 
 
-def predict_summary(checkpoint: str | None, files: list[tuple[Path, int]]) -> str:
-    """The end of a predict: the checkpoint, each file written and its number of rows."""
+def predict_summary(checkpoint: str | None, files: list[tuple[Path, int]], skipped: int = 0) -> str:
+    """The end of a predict: the checkpoint, each file written and its number of rows, and the
+    unreadable inputs left out."""
     of = f" of {shown(checkpoint)}" if checkpoint else ""
-    rows = {shown(path): f"{count:,} rows" for path, count in files}
+    rows = {shown(path): f"{count:,} row{'' if count == 1 else 's'}" for path, count in files}
+    if skipped:
+        rows["skipped"] = f"{skipped:,} unreadable input{'s' if skipped > 1 else ''}"
     return "\n".join([f"Predictions{of}:", *_rows(rows)])
 
 

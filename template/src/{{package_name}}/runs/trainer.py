@@ -58,14 +58,16 @@ def plugins(trainer: Namespace) -> list[Any]:
 
 
 def finish(built: Trainer, config: Namespace, words: list[str], subcommand: str | None) -> None:
-    """Limit how long a DDP collective waits, and tell ``last.ckpt`` how to resume this run."""
+    """Limit how long a DDP collective waits, tell ``last.ckpt`` how to resume this run, and the
+    prediction writer how many classes to rank."""
     if isinstance(built.strategy, DDPStrategy):
         # Lightning's default lets a collective wait 30 minutes for a process that is gone.
         built.strategy._timeout = timedelta(seconds=config.ddp_timeout_s)
-    if subcommand == "fit" and words:
-        for callback in built.callbacks:
-            if isinstance(callback, LastCheckpoint):
-                callback.resume_command = resume_command(words, config.run_name)
+    for callback in built.callbacks:
+        if subcommand == "fit" and words and isinstance(callback, LastCheckpoint):
+            callback.resume_command = resume_command(words, config.run_name)
+        if isinstance(callback, PredictionWriter):
+            callback.top_k = config.top_k
 
 
 def described(config: Namespace) -> dict[str, Any]:
