@@ -1,4 +1,5 @@
-"""The command line: ``python -m <package> {fit,validate,test,predict}``, built on LightningCLI.
+"""The command line: ``python -m <package> {fit,validate,test,predict}``, built on LightningCLI,
+and ``serve`` (``serving.py``).
 
 Every run writes into one directory, ``<runs_dir>/<run_name>/`` (``checkpoints/<run_name>/`` by
 default; the rules are in ``runs/directory.py``): checkpoints, logger files and the resolved config.
@@ -51,6 +52,7 @@ SUBCOMMAND_HELP = {
     "test": "Evaluate a checkpoint (--ckpt_path) on the test split, with a report of the results.",
     "predict": "Predict with a checkpoint (--ckpt_path): the test split, or the samples of --inputs.",
 }
+SERVE_HELP = "serve: serve a checkpoint's model over HTTP (serve --help; needs the [serve] extra)."
 quiet()
 
 
@@ -205,6 +207,17 @@ def _default_config_files() -> list[str]:
     return [str(path) for path in (DEFAULT_CONFIG, project_config) if path.is_file()]
 
 
+def serve(args: list[str]) -> None:
+    """``python -m <package> serve``, with one line where LitServe is not installed."""
+    try:
+        from . import serving
+    except ModuleNotFoundError as error:
+        if error.name not in ("litserve", "fastapi", "starlette", "uvicorn"):
+            raise
+        sys.exit(f'error: serve needs LitServe ({error.name} is not installed): pip install -e ".[serve]"')
+    serving.main(args)
+
+
 def main(args: ArgsType = None, run: bool = True) -> CLI:
     """Parse ``args`` (default: the command line), build model, data and trainer, and run.
 
@@ -214,10 +227,13 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
     """
     if run and "LOCAL_RANK" in os.environ:
         end_with_parent()  # a DDP process started by another: never outlive it
+    if run and list(sys.argv[1:2] if args is None else args[:1]) == ["serve"]:
+        serve(sys.argv[2:] if args is None else args[1:])
+        sys.exit(0)
     args, words = take_verbose(args)
     found = _default_config_files()
     defaults = {"default_config_files": found} if found else {}
-    parser_kwargs = {"prog": f"python -m {__package__}"}
+    parser_kwargs = {"prog": f"python -m {__package__}", "epilog": SERVE_HELP}
     if run:
         parser_kwargs |= {name: {**defaults, "description": SUBCOMMAND_HELP[name]} for name in SUBCOMMANDS}
     else:

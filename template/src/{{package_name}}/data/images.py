@@ -84,7 +84,7 @@ def decode_image(file: BinaryIO, name: str) -> Tensor:
             return v2.functional.pil_to_tensor(to_rgb(Image.open(file)))
     except DECODING_ERRORS as error:
         first_line = (str(error) or type(error).__name__).splitlines()[0]
-        reason = re.sub(r" <_io\.\w+ name=.*>$", "", first_line)  # Pillow names the file object
+        reason = re.sub(r" <_io\.\w+ .*>$", "", first_line)  # Pillow names the file object
         raise UnreadableImageError(f"{name} is not a readable image ({reason})") from None
 
 
