@@ -1,6 +1,7 @@
 # make demo: set up, generate a demo project and train it, printing the result.
 # make test: set up and run the template's test suite, in $(WORKERS) processes (pytest-xdist).
 # make bench: set up, then time the generated project's training against a hand-written loop.
+# make bench-serve: set up, then time the generated project's serve over HTTP against predict.
 # make docs: build the documentation site into site/ (any warning fails).
 # make release-check: fail if copier.yml, template/ or migrations/ changed since the newest release
 #   (users would not get the change); make test-fast only warns of it.
@@ -15,7 +16,7 @@ TORCH ?= torch==2.14.1 torchvision==0.29.1
 # Test processes: a generated project's training uses about one core, so two fill this machine's two.
 WORKERS ?= 2
 
-.PHONY: setup test test-fast release-check demo docs bench lint tags clean
+.PHONY: setup test test-fast release-check demo docs bench bench-serve lint tags clean
 
 setup: $(VENV)/.installed
 
@@ -51,6 +52,9 @@ docs: setup
 
 bench: setup
 	$(BIN)/python bench/run.py
+
+bench-serve: setup
+	$(BIN)/python bench/serve.py
 
 lint: setup
 	$(BIN)/ruff check tests migrations

@@ -69,7 +69,7 @@ class Predictor:
         """The model's input batch for a request's JSON body; ``RequestError`` when it has none."""
         if not isinstance(body, dict) or list(body) != [self.kind]:
             found = f"the keys {list(body)}" if isinstance(body, dict) else f"a {type(body).__name__}"
-            raise RequestError(f'the body must be a JSON object {{"{self.kind}": [...]}}, not {found}')
+            raise RequestError(f"the body must be a JSON object with one key, {self.kind!r}: not {found}")
         items = body[self.kind]
         if not isinstance(items, list) or not items:
             raise RequestError(f"{self.kind} must be a list of one or more {self.kind[:-1]}s")
