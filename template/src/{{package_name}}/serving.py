@@ -97,9 +97,9 @@ class Predictor:
             if not isinstance(row, dict):
                 raise RequestError(f"rows[{n}] must be an object of column names and values")
             if missing := [name for name in columns if name not in row]:
-                raise RequestError(f"rows[{n}] lacks the columns {missing}")
+                raise RequestError(f"rows[{n}] lacks the columns {_listed(missing)}")
             if extra := [name for name in row if name not in columns]:
-                raise RequestError(f"rows[{n}] has columns the model was not trained on: {extra}")
+                raise RequestError(f"rows[{n}] has columns the model was not trained on: {_listed(extra)}")
             numbers[n] = [self._number(row[name], f"rows[{n}][{name!r}]") for name in self.numeric]
             text[n] = [self._text(row[name], f"rows[{n}][{name!r}]") for name in self.text]
         table = Table(Path("request"), numbers, self.numeric, text.astype(str), self.text)
@@ -136,6 +136,11 @@ class Predictor:
             {"class": ranked[0][0], "probability": ranked[0][1], "top_k": [list(pair) for pair in ranked]}
             for ranked in top_classes(outputs, self.model.class_names, self.top_k)
         ]
+
+
+def _listed(names: list[str], shown: int = 10) -> str:
+    """Names for a one-line message: the first ``shown``, and how many more."""
+    return f"{names[:shown]}" + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 class CheckedBodies:
