@@ -56,9 +56,10 @@ class Predictor:
     """A checkpoint's model with what turns a request's JSON into its input (``inputs``) and its
     outputs into answers (``answers``), as ``predict`` does for files."""
 
-    def __init__(self, checkpoint: str | Path, top_k: int = 3) -> None:
+    def __init__(self, checkpoint: str | Path, top_k: int = 3, device: str = "cpu") -> None:
         self.model, data = load_trained(checkpoint)
-        self.top_k = top_k
+        self.model.to(device)
+        self.top_k, self.device = top_k, torch.device(device)
         self.transform = data.transform(train=False) if isinstance(data, ImageFolderDataModule) else None
         self.kind = "images" if self.transform else "rows"
         preprocess = self.model.preprocess
@@ -126,7 +127,7 @@ class Predictor:
     def predict(self, inputs: Tensor) -> Tensor:
         """The model's outputs as ``predict`` gives them: class probabilities, or values."""
         with torch.inference_mode():
-            return self.model.predict_step((inputs,), 0).float()
+            return self.model.predict_step((inputs.to(self.device),), 0).float().cpu()
 
     def answers(self, outputs: Tensor) -> list[dict[str, Any]]:
         """One answer per sample: its class, probability and top classes, or its value."""
@@ -191,8 +192,8 @@ class ModelAPI(litserve.LitAPI):
         self.checkpoint, self.top_k = checkpoint, top_k
 
     def setup(self, device: str) -> None:
-        torch.set_num_threads(1)
-        self.predictor = Predictor(self.checkpoint, self.top_k)
+        torch.set_num_threads(1)  # one thread a worker: --workers spreads them over the cores
+        self.predictor = Predictor(self.checkpoint, self.top_k, device)
 
     def decode_request(self, request) -> Tensor | RequestError:  # unannotated: LitServe reads the JSON
         try:
@@ -243,10 +244,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--ckpt_path", required=True, help="the checkpoint of a trained run")
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every one)")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--workers", type=int, default=1, help="inference worker processes")
+    parser.add_argument(
+        "--accelerator", default="auto", choices=["auto", "cpu", "cuda"], help="auto: a GPU when there is one"
+    )
+    parser.add_argument("--workers", type=int, default=1, help="inference worker processes (on each GPU)")
     parser.add_argument("--max_batch_size", type=int, default=8, help="requests predicted together")
     parser.add_argument(
-        "--batch_timeout", type=float, default=0.01, help="seconds to wait for a batch to fill"
+        "--batch_timeout", type=float, default=0.005, help="seconds to wait for a batch to fill"
     )
     parser.add_argument("--top_k", type=int, default=3, help="classes ranked in each answer")
     parser.add_argument("--max_body_mb", type=int, default=16, help="the largest request body taken")
@@ -263,7 +267,7 @@ def main(argv: list[str]) -> None:
     api = ModelAPI(str(args.ckpt_path), args.top_k, args.max_batch_size, args.batch_timeout)
     server = litserve.LitServer(
         api,
-        accelerator="cpu",
+        accelerator=args.accelerator,
         workers_per_device=args.workers,
         healthcheck_path="/health",
         middlewares=[(CheckedBodies, {"limit": args.max_body_mb * 1024 * 1024})],
