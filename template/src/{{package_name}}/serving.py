@@ -24,6 +24,7 @@ import json
 import math
 import os
 import signal
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -242,7 +243,12 @@ def main(argv: list[str]) -> None:
     """``serve``'s command line; runs until Ctrl-C or SIGTERM."""
     parser = argparse.ArgumentParser(prog=f"python -m {PACKAGE} serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ckpt_path", required=True, help="the checkpoint of a trained run")
-    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every one)")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        choices=["127.0.0.1", "0.0.0.0", "::"],
+        help="the address to listen on: this machine only, or every address (IPv4, IPv6)",
+    )
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
         "--accelerator", default="auto", choices=["auto", "cpu", "cuda"], help="auto: a GPU when there is one"
@@ -264,6 +270,8 @@ def main(argv: list[str]) -> None:
     for name in ("workers", "max_batch_size", "top_k", "max_body_mb"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be 1 or more")
+    # ModelAPI's batch and unbatch serve any max_batch_size, 1 too, which LitServe warns of.
+    warnings.filterwarnings("ignore", message="The LitServer has both batch and unbatch methods implemented")
     api = ModelAPI(str(args.ckpt_path), args.top_k, args.max_batch_size, args.batch_timeout)
     server = litserve.LitServer(
         api,
