@@ -106,6 +106,7 @@ class CLI(LightningCLI):
             settings.use_inputs(config, self.subcommand)
             if self.subcommand == "predict" and config.return_predictions is None:
                 config.return_predictions = False  # written as they come (PredictionWriter), not kept
+            self.network_input = settings.use_network_input(config)
             if (data := settings.build_data(self.parser, self.config, self.subcommand)) is not None:
                 settings.set_sizes(config, data)
             run_dir, resumed = start.run_dir(config, self.subcommand)
@@ -173,7 +174,8 @@ class CLI(LightningCLI):
     def after_fit(self) -> None:
         if self._end_run():
             parameters = sum(parameter.numel() for parameter in self.model.parameters())
-            print(fit_summary(self._callback(ExperimentRecord).last_line("fit"), __package__, parameters))
+            line = self._callback(ExperimentRecord).last_line("fit")
+            print(fit_summary(line, __package__, parameters, self.network_input))
 
     def after_validate(self) -> None:
         self._print_evaluation("validate", "val/")

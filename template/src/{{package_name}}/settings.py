@@ -75,6 +75,7 @@ OPTIONS = {
 }
 
 # What each size taken from the data counts, as the messages say.
+NETWORK_INPUT = ("image_size", "interpolation", "mean", "std")
 SIZE_NAMES = {"in_features": "input features", "num_classes": "classes", "num_outputs": "regression target"}
 
 
@@ -197,6 +198,24 @@ class _Built:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.built
+
+
+def use_network_input(config: Namespace) -> dict[str, Any]:
+    """Give the data module the input its network was trained on where the config leaves it unset
+    (null): a pretrained backbone's image size, interpolation, mean and std. What was taken."""
+    network = config.model.init_args.get("network") if config.model.get("init_args") else None
+    data = config.data.get("init_args")
+    if not (isinstance(network, Namespace) and isinstance(data, Namespace)):
+        return {}
+    own_input = getattr(class_at(network.class_path), "input_config", None)
+    unset = [key for key in NETWORK_INPUT if key in data and data[key] is None]
+    if own_input is None or not unset:
+        return {}
+    values = own_input(**network.get("init_args", Namespace()).as_dict())
+    taken = {key: values[key] for key in unset}
+    for key, value in taken.items():
+        data[key] = value
+    return taken
 
 
 def set_sizes(config: Namespace, data: SupervisedDataModule) -> None:

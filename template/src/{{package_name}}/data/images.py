@@ -13,7 +13,7 @@ import re
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 import torch
@@ -39,6 +39,13 @@ from .splits import (
 )
 
 SPLITS = ("train", "val", "test")
+# The input of a network that does not say its own: ImageNet's statistics, at its usual size.
+INPUT_DEFAULTS = {
+    "image_size": 224,
+    "mean": (0.485, 0.456, 0.406),
+    "std": (0.229, 0.224, 0.225),
+    "interpolation": "bilinear",
+}
 # Evaluation resizes the shorter side to the crop size over this ratio, then crops the centre.
 CENTRE_CROP_RATIO = 0.875
 # The value of a white pixel in Pillow's modes of more than 8 bits, whose convert() would clip at 255
@@ -210,7 +217,8 @@ class ImageFolderDataModule(SplitDataModule):
 
     Args:
         root: the folder of images.
-        image_size: the side, in pixels, of the square images the network receives.
+        image_size: the side, in pixels, of the square images the network receives; by default
+            the network's own (a backbone's, from timm), else 224.
         batch_size: samples per batch on each process.
         val_fraction: share of the images held out for validation (without split folders).
         test_fraction: share of the images held out for testing (without split folders).
@@ -221,8 +229,12 @@ class ImageFolderDataModule(SplitDataModule):
         flip: flip training images left to right half of the time.
         color_jitter: strength of random changes to brightness, contrast and saturation in
             training (0: none).
-        mean: per-channel mean subtracted after scaling pixels to [0, 1].
-        std: per-channel standard deviation divided by after that.
+        mean: per-channel mean subtracted after scaling pixels to [0, 1]; by default the
+            network's own, else ImageNet's.
+        std: per-channel standard deviation divided by after that; by default the network's
+            own, else ImageNet's.
+        interpolation: how images are resized: bilinear, bicubic or nearest; by default the
+            network's own, else bilinear.
         num_workers: loader worker processes that decode and augment; by default one fewer than
             the CPUs available to each process, at least 1 and at most 8.
         pin_memory: page-locked host memory for faster copies to a GPU; by default on exactly
@@ -242,7 +254,7 @@ class ImageFolderDataModule(SplitDataModule):
     def __init__(
         self,
         root: str = "data/images",
-        image_size: PositiveInt = 224,
+        image_size: PositiveInt | None = None,
         batch_size: PositiveInt = 64,
         val_fraction: OpenUnitInterval = 0.15,
         test_fraction: OpenUnitInterval = 0.15,
@@ -251,8 +263,9 @@ class ImageFolderDataModule(SplitDataModule):
         crop_scale: tuple[OpenUnitInterval, float] | None = (0.08, 1.0),
         flip: bool = True,
         color_jitter: float = 0.0,
-        mean: tuple[float, float, float] = (0.485, 0.456, 0.406),
-        std: tuple[PositiveFloat, PositiveFloat, PositiveFloat] = (0.229, 0.224, 0.225),
+        mean: tuple[float, float, float] | None = None,
+        std: tuple[PositiveFloat, PositiveFloat, PositiveFloat] | None = None,
+        interpolation: Literal["bilinear", "bicubic", "nearest"] | None = None,
         num_workers: NonNegativeInt | None = None,
         pin_memory: bool | None = None,
         drop_last: bool = False,
@@ -267,6 +280,10 @@ class ImageFolderDataModule(SplitDataModule):
             raise ValueError(f"data.color_jitter must be in [0, 1), got {color_jitter}")
         check_fractions(val_fraction, test_fraction)
         self.save_hyperparameters()
+        # What a network does not set (settings.use_network_input) takes these.
+        for key, default in INPUT_DEFAULTS.items():
+            if self.hparams.get(key) is None:
+                self.hparams[key] = default
         self.batch_size = batch_size
         self.files: dict[str, list[str]] = {}
         self.labels: dict[str, list[int]] = {}
@@ -383,11 +400,13 @@ class ImageFolderDataModule(SplitDataModule):
         """Training: the configured augmentation; evaluation: resize and centre crop only. Both end
         in float pixels normalised by ``mean`` and ``std``."""
         hparams = self.hparams
-        size = hparams.image_size
+        size, interpolation = hparams.image_size, v2.InterpolationMode(hparams.interpolation)
         if train and hparams.crop_scale is not None:
-            steps = [v2.RandomResizedCrop(size, scale=tuple(hparams.crop_scale), antialias=True)]
+            scale = tuple(hparams.crop_scale)
+            steps = [v2.RandomResizedCrop(size, scale=scale, interpolation=interpolation, antialias=True)]
         else:
-            steps = [v2.Resize(round(size / CENTRE_CROP_RATIO), antialias=True), v2.CenterCrop(size)]
+            resize = v2.Resize(round(size / CENTRE_CROP_RATIO), interpolation=interpolation, antialias=True)
+            steps = [resize, v2.CenterCrop(size)]
         if train and hparams.flip:
             steps.append(v2.RandomHorizontalFlip())
         if train and hparams.color_jitter:

@@ -56,6 +56,11 @@ class SupervisedModule(LightningModule):
         compile: compile the network with ``torch.compile`` before training. The first steps
             take longer while it compiles; the later ones run faster where the network's
             operations are worth fusing.
+        freeze_epochs: for a network with a pretrained backbone and a new ``head``
+            (``models.backbone.Backbone``): train the head alone for this many epochs, the
+            backbone's weights and batch-norm statistics frozen, then everything.
+        backbone_lr_scale: for such a network, the backbone's learning rate as a fraction of the
+            head's (``lr``), through warm-up, schedule and ``scale_lr`` alike.
     """
 
     task: str  # what the data's labels are: "classification" or "regression"
@@ -72,12 +77,20 @@ class SupervisedModule(LightningModule):
         scale_lr: bool = False,
         base_batch_size: PositiveInt = 64,
         compile: bool = False,
+        freeze_epochs: NonNegativeInt = 0,
+        backbone_lr_scale: PositiveFloat = 1.0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()  # with the subclass's arguments
         for key, value in {"lr": lr, "weight_decay": weight_decay}.items():
             if not math.isfinite(value):
                 raise ConfigError(f"model.init_args.{key} must be a finite number, got {value}")
+        has_head = isinstance(getattr(network, "head", None), nn.Module)
+        if (freeze_epochs or backbone_lr_scale != 1) and not has_head:
+            raise ConfigError(
+                "model.init_args.freeze_epochs and backbone_lr_scale need a network with a pretrained "
+                f"backbone and a head (models.backbone.Backbone); {type(network).__name__} has no head"
+            )
         self.optimizer_class = optimizer_class(optimizer, optimizer_args or {}, weight_decay)
         self.preprocess = Preprocessing()  # fitted by the data module on the training split
         self.network = network
@@ -114,11 +127,25 @@ class SupervisedModule(LightningModule):
     def setup(self, stage: str) -> None:
         data = self.trainer.datamodule
         check_task(type(self), getattr(data, "task", self.task))
+        if getattr(self.network, "channels_last", False) and self.trainer.strategy.root_device.type == "cuda":
+            self.network.to(memory_format=torch.channels_last)
+        # DDP waits for the gradient of every parameter, unless told to find those without one.
+        finds_unused = getattr(self.trainer.strategy, "_ddp_kwargs", {}).get("find_unused_parameters")
+        if stage == "fit" and self.hparams.freeze_epochs and self.trainer.world_size > 1 and not finds_unused:
+            raise ConfigError(
+                "model.init_args.freeze_epochs with DDP needs find_unused_parameters: set "
+                "trainer.strategy.init_args.find_unused_parameters=true, or "
+                "trainer.strategy=ddp_find_unused_parameters_true"
+            )
         fitted = getattr(data, "preprocessing", None)
         if isinstance(fitted, Preprocessing):
             # A checkpoint being resumed or evaluated then restores its own, saved with it.
             self.preprocess.load_state_dict(fitted.state_dict())
             self.preprocess.restore(fitted.describe())
+
+    def on_train_epoch_start(self) -> None:
+        if self.hparams.freeze_epochs:
+            self.network.freeze(self.current_epoch < self.hparams.freeze_epochs)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["preprocessing"] = self.preprocess.describe()
@@ -200,6 +227,8 @@ class SupervisedModule(LightningModule):
         if self._logs_this_step():
             self.log("train/grad_norm", grad_norm(self, norm_type=2)["grad_2.0_norm_total"])
             self.log("train/lr", optimizer.param_groups[0]["lr"])
+            if len(optimizer.param_groups) > 1:
+                self.log("train/lr_backbone", optimizer.param_groups[1]["lr"])
 
     def on_train_start(self) -> None:
         # The schedule's length is read here rather than in configure_optimizers: asking for it
@@ -250,9 +279,22 @@ class SupervisedModule(LightningModule):
         arguments = dict(self.hparams.optimizer_args or {}, lr=lr)
         if "weight_decay" in inspect.signature(self.optimizer_class).parameters:
             arguments["weight_decay"] = self.hparams.weight_decay
-        optimizer = self.optimizer_class(self.parameters(), **arguments)
+        optimizer = self.optimizer_class(self.parameter_groups(lr), **arguments)
         scheduler = LambdaLR(optimizer, self.lr_factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def parameter_groups(self, lr: float) -> list[dict[str, Any]]:
+        """One group of every parameter; for a network with a ``head``, two: the head's at ``lr``,
+        then the backbone's at ``lr`` x ``backbone_lr_scale``."""
+        head = getattr(self.network, "head", None)
+        if not isinstance(head, nn.Module):
+            return [{"params": list(self.parameters())}]
+        in_head = {id(parameter) for parameter in head.parameters()}
+        backbone = [parameter for parameter in self.parameters() if id(parameter) not in in_head]
+        return [
+            {"params": list(head.parameters()), "lr": lr},
+            {"params": backbone, "lr": lr * self.hparams.backbone_lr_scale},
+        ]
 
     def lr_factor(self, step: int) -> float:
         """The schedule: warm-up, then the chosen shape over the run's ``total_steps``."""

@@ -37,13 +37,18 @@ def _value(value: float | None) -> str | None:
     return None if value is None else f"{value:.4f}"
 
 
-def fit_summary(line: dict[str, Any], package: str, parameters: int) -> str:
-    """The end of a fit, from its line in the experiment record."""
+def fit_summary(
+    line: dict[str, Any], package: str, parameters: int, network_input: dict[str, Any] | None = None
+) -> str:
+    """The end of a fit, from its line in the experiment record; with the data settings that were
+    taken from the network (``settings.use_network_input``)."""
     parts = len(line["parts"])
     time = f"{line['wall_time_s']:.1f} s" + (f" in {parts} parts" if parts > 1 else "")
     best = line["best_checkpoint"]
+    taken = ", ".join(f"{key} {value}" for key, value in (network_input or {}).items())
     rows = {
         "model": f"{line['model']}, {parameters:,} parameters",
+        "input": f"the network's own {taken}" if taken else None,
         "missing values": line["missing_values"] and describe_missing(**line["missing_values"]),
         f"best {line['monitor']}": best and f"{_value(line['best_value'])} at epoch {line['best_epoch']}",
         "best checkpoint": shown(best) if best else None,

@@ -75,9 +75,11 @@ def described(config: Namespace) -> dict[str, Any]:
     model, data = config.model.init_args.as_dict(), config.data.init_args.as_dict()
     network = model.pop("network", None)
     trainer = config.trainer
+    kind = (network or config.model)["class_path"].rsplit(".", 1)[-1]
+    name = (network or {}).get("init_args", {}).get("name")  # a backbone's network, by timm's name
     return {
         "run_name": config.run_name,
-        "model": (network or config.model)["class_path"].rsplit(".", 1)[-1],
+        "model": f"{kind} {name}" if name else kind,
         "dataset": config.data.class_path.rsplit(".", 1)[-1],
         "seed": config.seed_everything,
         "hparams": {
