@@ -183,6 +183,7 @@ def test_a_plain_pytest_runs_the_smoke_suite_and_full_runs_every_test(generated,
 FULL = "loggers=wandb+tensorboard+csv"
 FULL_PARTS = {"ddp+user_path": ("ddp", "user_path"), "images+training": ("images", "training")}
 FULL_PARTS |= {"own_data+resume+sweep+scripts": ("own_data", "resume", "sweep", "scripts")}
+FULL_PARTS |= {"backbones": ("backbone", "backbone_uses", "finetuning")}
 TASK_PARTS = {
     "user_path+resume+sweep+scripts+own_data": ("user_path", "resume", "sweep", "scripts", "own_data"),
     "files": ("refused_inputs", "training", "reports", "report_script", "config", "data", "errors", "export"),

@@ -494,6 +494,47 @@ def test_updated_project_passes_its_tests_and_trains_the_user_model(template_rep
     # The metric the user added to the template's classifier is logged.
     (metrics,) = (project / "checkpoints" / "cnn").rglob("metrics.csv")
     assert "val/balanced_acc" in metrics.read_text().splitlines()[0].split(",")
+    # The pretrained backbone, new in v0.13.0, fine-tunes on images in the updated project: a
+    # first run's weights are the second's starting point, its head frozen for the first epoch.
+    assert run_python(project, "scripts/digits_to_images.py").returncode == 0
+    backbone = [
+        "--config=configs/data/images.yaml",
+        "--config=configs/model/backbone.yaml",
+        f"--config={smoke}",
+    ]
+    tiny = ["--model.init_args.network.init_args.name=test_resnet", "--data.init_args.image_size=32"]
+    first = run_python(
+        project,
+        "-m",
+        PACKAGE,
+        "fit",
+        *backbone,
+        *tiny,
+        "--run_name=start",
+        "--model.init_args.network.init_args.weights=null",
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    weights = project / "checkpoints" / "start" / "last.ckpt"
+    tuned = run_python(
+        project,
+        "-m",
+        PACKAGE,
+        "fit",
+        *backbone,
+        *tiny,
+        "--run_name=tuned",
+        f"--model.init_args.network.init_args.weights={weights}",
+    )
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    assert "Backbone test_resnet" in tuned.stdout
+    assert (
+        "the network's own interpolation bilinear, mean [0.5, 0.5, 0.5], std [0.5, 0.5, 0.5]" in tuned.stdout
+    )
+    start, end = (
+        read_checkpoint(path)["state_dict"]
+        for path in (weights, project / "checkpoints" / "tuned" / "last.ckpt")
+    )
+    assert not torch.equal(start["network.model.conv1.0.weight"], end["network.model.conv1.0.weight"])
 
 
 # The run trained at each earlier release, as its smoke config sets it (also spelled out here):

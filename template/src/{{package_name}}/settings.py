@@ -200,6 +200,14 @@ class _Built:
         return self.built
 
 
+def start_from_checkpoint(config: Namespace) -> None:
+    """Build a network whose weights a checkpoint restores without its starting weights (a
+    backbone's file, which may be gone, or a download)."""
+    network = config.model.init_args.get("network") if config.model.get("init_args") else None
+    if isinstance(network, Namespace) and network.get("init_args") and network.init_args.get("weights"):
+        network.init_args.weights = None
+
+
 def use_network_input(config: Namespace) -> dict[str, Any]:
     """Give the data module the input its network was trained on where the config leaves it unset
     (null): a pretrained backbone's image size, interpolation, mean and std. What was taken."""

@@ -149,6 +149,12 @@ class SupervisedModule(LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["preprocessing"] = self.preprocess.describe()
+        # The checkpoint holds every weight: a model rebuilt from it (test, predict, serve, export)
+        # starts from those, not from the network's starting weights, a file or a download.
+        network = checkpoint.get("hyper_parameters", {}).get("network")
+        if isinstance(network, dict) and network.get("init_args", {}).get("weights"):
+            starting_from_none = {**network["init_args"], "weights": None}
+            checkpoint["hyper_parameters"]["network"] = {**network, "init_args": starting_from_none}
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
