@@ -106,7 +106,7 @@ class CLI(LightningCLI):
             settings.use_inputs(config, self.subcommand)
             if self.subcommand == "predict" and config.return_predictions is None:
                 config.return_predictions = False  # written as they come (PredictionWriter), not kept
-            if config.ckpt_path:
+            if config.get("ckpt_path"):
                 settings.start_from_checkpoint(config)
             self.network_input = settings.use_network_input(config)
             if (data := settings.build_data(self.parser, self.config, self.subcommand)) is not None:
