@@ -12,7 +12,8 @@ from ..errors import ConfigError
 from ..runs.checkpoints import read_checkpoint
 
 KEY = "model.init_args.network.init_args"
-# A checkpoint of this project holds the network's weights under these prefixes.
+# What may come before the network's own weight names in a file: a DDP wrapper's prefix, a
+# checkpoint of this project's, and a module that held the network as ``model``'s.
 PREFIXES = ("module.", "network.model.", "model.")
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
