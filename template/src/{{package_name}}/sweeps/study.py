@@ -81,7 +81,10 @@ class SeededByTrial(optuna.samplers.BaseSampler):
         self._sampler = sampler_of(sweep, sweep["seed"])
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        self._sampler = sampler_of(self._sweep, self._sweep["seed"] * 1_000_003 + trial.number)
+        # A grid is shuffled by its seed, and trial N takes its N-th point: one seed for all trials,
+        # or some points come twice and others never.
+        if self._sweep["sampler"] != "grid":
+            self._sampler = sampler_of(self._sweep, self._sweep["seed"] * 1_000_003 + trial.number)
         self._sampler.before_trial(study, trial)
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Distribution]:
