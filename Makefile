@@ -2,6 +2,8 @@
 # make test: set up and run the template's test suite, in $(WORKERS) processes (pytest-xdist).
 # make bench: set up, then time the generated project's training against a hand-written loop.
 # make bench-serve: set up, then time the generated project's serve over HTTP against predict.
+# make bench-finetune: set up, then fine-tune a pretrained backbone against random weights, over 5 seeds.
+# make bench-backbone: set up, then time the backbone's training on the CPU at 224, by num_workers.
 # make docs: build the documentation site into site/ (any warning fails).
 # make release-check: fail if copier.yml, template/ or migrations/ changed since the newest release
 #   (users would not get the change); make test-fast only warns of it.
@@ -16,7 +18,7 @@ TORCH ?= torch==2.14.1 torchvision==0.29.1
 # Test processes: a generated project's training uses about one core, so two fill this machine's two.
 WORKERS ?= 2
 
-.PHONY: setup test test-fast release-check demo docs bench bench-serve lint tags clean
+.PHONY: setup test test-fast release-check demo docs bench bench-serve bench-finetune bench-backbone lint tags clean
 
 setup: $(VENV)/.installed
 
@@ -55,6 +57,12 @@ bench: setup
 
 bench-serve: setup
 	$(BIN)/python bench/serve.py
+
+bench-finetune: setup
+	$(BIN)/python bench/finetune.py
+
+bench-backbone: setup
+	$(BIN)/python bench/backbone_speed.py
 
 lint: setup
 	$(BIN)/ruff check tests migrations

@@ -11,8 +11,9 @@ weights):
   with ``num_workers`` 0, 1 and 2, over the steps after the first ``--skip`` (which start the
   workers);
 - the time of one image in each stage, in the main process, one at a time: reading and decoding
-  the JPEG file (``read_image``), the training transform, and its share of a batch's forward,
-  backward and optimizer step.
+  the JPEG file (``read_image``) and the training transform, on one torch thread as a loader
+  worker runs them, the transform again on the process's threads as ``num_workers=0`` runs it;
+  and the image's share of a batch's forward, backward and optimizer step.
 
     python bench/backbone_speed.py [--steps 6] [--batch-size 32] [--threads 0]
         [--project DIR --package NAME]
@@ -95,17 +96,25 @@ def training_rate(loader, network, steps: int, skip: int) -> tuple[float, float]
     return images / elapsed, waited / elapsed
 
 
-def per_image(module, network, batch_size: int, count: int, read_image) -> dict[str, float]:
-    """Milliseconds per image in each stage, measured in this process one stage at a time."""
-    files = module.files["train"][:count]
-    started = time.perf_counter()
-    decoded = [read_image(path) for path in files]
-    decode = (time.perf_counter() - started) / len(files)
+def per_image(module, network, batch_size: int, read_image) -> dict[str, float]:
+    """Milliseconds per image in each stage, measured in this process one stage at a time: decoding
+    and augmenting on one torch thread, as a loader worker does them, and the augmentation again on
+    this process's threads, as ``num_workers=0`` does it."""
+    files = module.files["train"][:batch_size]
     transform = module.transform(train=True)
-    started = time.perf_counter()
-    inputs = [transform(image) for image in decoded]
-    augment = (time.perf_counter() - started) / len(files)
-    batch = torch.stack((inputs * (batch_size // len(inputs) + 1))[:batch_size])
+    threads = torch.get_num_threads()
+    timings = {}
+    for name, count in (("augment", 1), (f"augment on {threads} threads (num_workers 0)", threads)):
+        torch.set_num_threads(count)
+        transform(read_image(files[0]))  # the first call sets up the operations
+        started = time.perf_counter()
+        decoded = [read_image(path) for path in files]
+        timings.setdefault("decode", time.perf_counter() - started)
+        started = time.perf_counter()
+        inputs = [transform(image) for image in decoded]
+        timings[name] = time.perf_counter() - started
+    torch.set_num_threads(threads)
+    batch = torch.stack(inputs)
     labels = torch.zeros(batch_size, dtype=torch.long)
     optimizer = torch.optim.AdamW(network.parameters(), lr=1e-3, weight_decay=0.01)
     network.train()
@@ -113,8 +122,8 @@ def per_image(module, network, batch_size: int, count: int, read_image) -> dict[
     started = time.perf_counter()
     for _ in range(2):
         step(network, optimizer, batch, labels)
-    compute = (time.perf_counter() - started) / (2 * batch_size)
-    return {"decode": 1000 * decode, "augment": 1000 * augment, "forward+backward": 1000 * compute}
+    timings["forward, backward and step"] = (time.perf_counter() - started) / 2
+    return {name: 1000 * seconds / batch_size for name, seconds in timings.items()}
 
 
 def main() -> None:
@@ -176,14 +185,15 @@ def main() -> None:
         flush=True,
     )
 
-    stages = per_image(module, network, args.batch_size, args.batch_size, images.read_image)
-    total = sum(stages.values())
+    stages = per_image(module, network, args.batch_size, images.read_image)
+    # One image's path in training with workers: decoded and augmented in a worker, then computed.
+    total = sum(ms for stage, ms in stages.items() if "num_workers" not in stage)
     print("\nwhere one training image's time goes, measured one stage at a time in the main process:")
     print("| stage | ms per image | share |")
     print("|---|---:|---:|")
     for stage, ms in stages.items():
         print(f"| {stage} | {ms:.1f} | {ms / total:.0%} |")
-    print(f"| all | {total:.1f} | 100% |", flush=True)
+    print(f"| decode, augment (1 thread), compute | {total:.1f} | 100% |", flush=True)
 
     print(f"\ntraining, loader and step together ({args.steps} steps after {args.skip}):")
     print("| num_workers | images/s | waiting for data | vs 0 workers |")

@@ -41,7 +41,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0 to N-1 (the test runs 0-2)")
-    parser.add_argument("--freeze-epochs", type=int, default=2, help="the recipe's epochs of the head alone")
+    parser.add_argument("--freeze-epochs", type=int, default=1, help="the recipe's epochs of the head alone")
     parser.add_argument("--backbone-lr-scale", type=float, default=0.1, help="the recipe's backbone rate")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--project", type=Path, help="a generated project (default: generate one)")

@@ -168,6 +168,8 @@ class CLI(LightningCLI):
         return next(callback for callback in self.trainer.callbacks if isinstance(callback, kind))
 
     def before_fit(self) -> None:
+        # Checked before DDP starts its other processes, each of which would print the line too.
+        settings.check_unused_parameters(self.model, self.trainer)
         # wandb's start-up goes on beside the fit's own: under DDP, while the other processes start.
         for logger in self.trainer.loggers:
             if isinstance(logger, WandbLogger):

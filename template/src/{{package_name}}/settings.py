@@ -200,6 +200,19 @@ class _Built:
         return self.built
 
 
+def check_unused_parameters(model: Any, trainer: Any) -> None:
+    """Refuse ``freeze_epochs`` under DDP without ``find_unused_parameters``: DDP waits for the
+    gradient of every parameter, unless told to find those without one."""
+    finds_unused = getattr(trainer.strategy, "_ddp_kwargs", {}).get("find_unused_parameters")
+    processes = trainer.num_devices * trainer.num_nodes
+    if getattr(model, "hparams", {}).get("freeze_epochs") and processes > 1 and not finds_unused:
+        raise ConfigError(
+            "model.init_args.freeze_epochs with DDP needs find_unused_parameters: set "
+            "trainer.strategy.init_args.find_unused_parameters=true, or "
+            "trainer.strategy=ddp_find_unused_parameters_true"
+        )
+
+
 def start_from_checkpoint(config: Namespace) -> None:
     """Build a network whose weights a checkpoint restores without its starting weights (a
     backbone's file, which may be gone, or a download)."""

@@ -129,14 +129,6 @@ class SupervisedModule(LightningModule):
         check_task(type(self), getattr(data, "task", self.task))
         if getattr(self.network, "channels_last", False) and self.trainer.strategy.root_device.type == "cuda":
             self.network.to(memory_format=torch.channels_last)
-        # DDP waits for the gradient of every parameter, unless told to find those without one.
-        finds_unused = getattr(self.trainer.strategy, "_ddp_kwargs", {}).get("find_unused_parameters")
-        if stage == "fit" and self.hparams.freeze_epochs and self.trainer.world_size > 1 and not finds_unused:
-            raise ConfigError(
-                "model.init_args.freeze_epochs with DDP needs find_unused_parameters: set "
-                "trainer.strategy.init_args.find_unused_parameters=true, or "
-                "trainer.strategy=ddp_find_unused_parameters_true"
-            )
         fitted = getattr(data, "preprocessing", None)
         if isinstance(fitted, Preprocessing):
             # A checkpoint being resumed or evaluated then restores its own, saved with it.
@@ -144,6 +136,10 @@ class SupervisedModule(LightningModule):
             self.preprocess.restore(fitted.describe())
 
     def on_train_epoch_start(self) -> None:
+        self._freeze_for_epoch()
+
+    def _freeze_for_epoch(self) -> None:
+        # Also at on_train_start: Lightning skips on_train_epoch_start for an epoch resumed mid-way.
         if self.hparams.freeze_epochs:
             self.network.freeze(self.current_epoch < self.hparams.freeze_epochs)
 
@@ -241,6 +237,7 @@ class SupervisedModule(LightningModule):
         # builds the training loader, which must happen after a resumed run has restored its
         # loops, or the loader's mid-epoch position is lost.
         self.total_steps = self.trainer.estimated_stepping_batches
+        self._freeze_for_epoch()
         for logger in self.loggers:
             logger.log_hyperparams({"effective_batch_size": self.effective_batch_size})
         if not math.isfinite(self.total_steps):

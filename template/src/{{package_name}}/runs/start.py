@@ -85,6 +85,9 @@ def _check_same_model(config: Namespace, checkpoint: dict[str, Any]) -> None:
     # Sizes left unset are taken from the data later.
     given = _flatten(config.model.init_args.as_dict())
     given = {key: value for key, value in given.items() if value is not None}
+    # The checkpoint holds every weight and saves the network's starting weights as null
+    # (SupervisedModule.on_save_checkpoint): the file or download to start from is no change.
+    given.pop("network.init_args.weights", None)
     differing = sorted(key for key in saved.keys() & given.keys() if saved[key] != given[key])
     if differing:
         raise UsageError(
