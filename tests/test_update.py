@@ -387,7 +387,11 @@ OWNED_FILES = {
         f"src/{PACKAGE}/data/digits.py": [f"src/{PACKAGE}/data/digits.py"],
         "configs/project.yaml": ["configs/project.yaml"],
         "configs/experiment/*.yaml": ["configs/experiment/large_batch.yaml"],
-        "configs/model/*.yaml": ["configs/model/cnn.yaml", "configs/model/mlp_wide.yaml"],
+        "configs/model/*.yaml": [
+            "configs/model/backbone.yaml",
+            "configs/model/cnn.yaml",
+            "configs/model/mlp_wide.yaml",
+        ],
         "configs/data/digits.yaml": ["configs/data/digits.yaml"],
     },
     "regression": {
