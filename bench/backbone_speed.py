@@ -33,11 +33,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from images import cached
+from images import batches, cached, step
 from run import PACKAGE, generate
 from sklearn.datasets import load_sample_images
-from torch.nn import functional
-from torch.nn.utils import clip_grad_norm_
 from torchvision.io import write_jpeg
 
 WIDTH, HEIGHT = 500, 375
@@ -61,38 +59,23 @@ def write_photos(folder: Path, count: int) -> None:
         write_jpeg(image.contiguous(), str(class_folder / f"{index:05d}.jpg"), quality=90)
 
 
-def step(network, optimizer, inputs, labels) -> None:
-    loss = functional.cross_entropy(network(inputs), labels)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    clip_grad_norm_(network.parameters(), 1.0)
-    optimizer.step()
-
-
 def training_rate(loader, network, steps: int, skip: int) -> tuple[float, float]:
     """Training images per second over the steps after the first ``skip``, and the share of that
     time spent waiting for the loader."""
     optimizer = torch.optim.AdamW(network.parameters(), lr=1e-3, weight_decay=0.01)
     network.train()
-    epoch, images, waited = 0, 0, 0.0
-    loader.sampler.set_epoch(epoch)
-    iterator = iter(loader)
+    served = batches(loader)
+    images, waited = 0, 0.0
     for index in range(skip + steps):
         if index == skip:
             started, images, waited = time.perf_counter(), 0, 0.0
         fetching = time.perf_counter()
-        try:
-            inputs, labels = next(iterator)
-        except StopIteration:
-            epoch += 1
-            loader.sampler.set_epoch(epoch)
-            iterator = iter(loader)
-            inputs, labels = next(iterator)
+        inputs, labels = next(served)
         waited += time.perf_counter() - fetching
         step(network, optimizer, inputs, labels)
         images += len(labels)
     elapsed = time.perf_counter() - started
-    del iterator
+    served.close()  # ends the loader's workers
     return images / elapsed, waited / elapsed
 
 

@@ -86,34 +86,41 @@ def images_per_second(loader, epochs: int) -> float:
     return statistics.median(rates[1:])
 
 
+def batches(loader):
+    """The loader's batches without end, as training takes them: a new epoch, set on its sampler,
+    whenever the last runs out."""
+    epoch = 0
+    while True:
+        loader.sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def step(network, optimizer, inputs, labels) -> None:
+    """One training step: cross-entropy, clipping by norm, the optimizer's step."""
+    loss = functional.cross_entropy(network(inputs), labels)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    clip_grad_norm_(network.parameters(), 1.0)
+    optimizer.step()
+
+
 def wait_and_compute(loader, network, steps: int, skip: int) -> tuple[list[float], list[float], float]:
-    """Seconds spent in ``next(iterator)`` and in the training step, for each step after the first
-    ``skip``; and the first step's wait. A new epoch starts when the loader runs out, as in
+    """Seconds spent waiting for the next batch and in the training step, for each step after the
+    first ``skip``; and the first step's wait. A new epoch starts when the loader runs out, as in
     training: its first batch's wait is counted."""
     optimizer = torch.optim.AdamW(network.parameters(), lr=0.003, weight_decay=0.01)
     network.train()
-    epoch = 0
-    loader.sampler.set_epoch(epoch)
-    iterator = iter(loader)
+    served = batches(loader)
     waits, computes = [], []
     while len(waits) < steps:
         started = time.perf_counter()
-        try:
-            inputs, labels = next(iterator)
-        except StopIteration:
-            epoch += 1
-            loader.sampler.set_epoch(epoch)
-            iterator = iter(loader)
-            inputs, labels = next(iterator)
+        inputs, labels = next(served)
         fetched = time.perf_counter()
-        loss = functional.cross_entropy(network(inputs), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        clip_grad_norm_(network.parameters(), 1.0)
-        optimizer.step()
+        step(network, optimizer, inputs, labels)
         waits.append(fetched - started)
         computes.append(time.perf_counter() - fetched)
-    del iterator
+    served.close()  # ends the loader's workers
     return waits[skip:], computes[skip:], waits[0]
 
 
