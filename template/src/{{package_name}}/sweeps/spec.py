@@ -23,6 +23,8 @@ KEYS = {
     "pruner": "median",
     "warmup_epochs": 3,
     "seed": 0,
+    "heartbeat_interval": 60,
+    "grace_period": 180,
 }
 CHOICES = {
     "direction": ("maximize", "minimize"),
@@ -61,9 +63,15 @@ def read_sweep(path: Path) -> dict[str, Any]:
     for key, allowed in CHOICES.items():
         if sweep[key] not in allowed:
             raise SweepError(f"{path}: {key}: {sweep[key]!r} is not one of {', '.join(allowed)}")
-    for key in ("trials", "startup_trials", "warmup_epochs"):
-        if not isinstance(sweep[key], int) or sweep[key] < (key == "trials"):
-            raise SweepError(f"{path}: {key} must be a whole number, at least {int(key == 'trials')}")
+    for key in ("trials", "startup_trials", "warmup_epochs", "heartbeat_interval", "grace_period"):
+        least = int(key in ("trials", "heartbeat_interval", "grace_period"))
+        if isinstance(sweep[key], bool) or not isinstance(sweep[key], int) or sweep[key] < least:
+            raise SweepError(f"{path}: {key} must be a whole number, at least {least}")
+    if sweep["grace_period"] <= sweep["heartbeat_interval"]:
+        raise SweepError(
+            f"{path}: grace_period ({sweep['grace_period']} s) must be longer than heartbeat_interval "
+            f"({sweep['heartbeat_interval']} s), or trials whose workers live are tried again"
+        )
     if not isinstance(sweep["parameters"], dict) or not sweep["parameters"]:
         raise SweepError(f"{path}: parameters must map config keys to a range or choices")
     for name, spec in sweep["parameters"].items():

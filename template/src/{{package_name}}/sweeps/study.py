@@ -1,7 +1,11 @@
 """A sweep's Optuna study: where it is stored, how its sampler draws, and opening it (created, or
 continued only with the same settings)."""
 
+import contextlib
+import functools
 import os
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +19,8 @@ from .spec import SweepError, check_name, read_sweep
 SWEEPS_DIR = Path("sweeps")
 # What must stay the same for a study to be continued: its trials are comparable only then.
 KEPT = ("metric", "direction", "parameters", "fit_args")
+# What a database that stopped answering raises: Optuna wraps SQLAlchemy's errors, but not all.
+LOST = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)
 
 
 def storage_of(name: str, storage: str | None) -> str:
@@ -28,21 +34,82 @@ def storage_of(name: str, storage: str | None) -> str:
     return f"sqlite:///{SWEEPS_DIR / name}.db"
 
 
-def open_storage(storage: str) -> optuna.storages.BaseStorage:
+def open_storage(storage: str, sweep: dict[str, Any] | None = None) -> optuna.storages.BaseStorage:
     """What Optuna opens: a database URL, or a journal file (``.journal``); or a SweepError that
-    names the storage and what is wrong with it, before anything is written there."""
+    names the storage and what is wrong with it, before anything is written there. For a worker
+    of ``sweep``, a database also keeps the heartbeat of each running trial (see ``Beating``)."""
     if storage.startswith("sqlite:///") or storage.endswith(".journal"):
         _check_file(Path(storage.removeprefix("sqlite:///")), storage)
     try:
         if storage.endswith(".journal"):
             return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage))
-        return optuna.storages.RDBStorage(storage)
+        if sweep is None:
+            return optuna.storages.RDBStorage(storage)
+        with _quiet_experimental():
+            return Beating(
+                storage,
+                heartbeat_interval=sweep["heartbeat_interval"],
+                grace_period=sweep["grace_period"],
+                heartbeat_stale_trial_callback=functools.partial(retry_stale, grace=sweep["grace_period"]),
+            )
     except ImportError as error:
         driver = error.__cause__ or error  # Optuna's message leaves out which module is missing
         raise SweepError(f"{storage}: its database driver is not installed ({driver})") from None
     except (OSError, ValueError, sqlalchemy.exc.SQLAlchemyError) as error:
-        reason = getattr(error, "orig", None) or error  # SQLAlchemy's message spans lines
-        raise SweepError(f"{storage}: {str(reason).splitlines()[0]}") from None
+        raise SweepError(f"{storage}: {reason_of(error)}") from None
+
+
+def reason_of(error: BaseException) -> str:
+    """The first line of what the database said: SQLAlchemy's message spans lines, and Optuna
+    wraps it in its own."""
+    cause = error.__cause__ if isinstance(error, optuna.exceptions.StorageInternalError) else error
+    reason = getattr(cause, "orig", None) or cause or error
+    return str(reason).strip().splitlines()[0]
+
+
+class Beating(optuna.storages.RDBStorage):
+    """A database storage in which a worker's running trial has a heartbeat, written every
+    ``heartbeat_interval`` seconds by a thread of the worker. A trial whose heartbeat is older
+    than ``grace_period`` seconds has lost its worker, on whichever machine it ran: the next worker
+    to look fails it and tries it again (``retry_stale``).
+
+    A heartbeat the database does not take is let go: the worker hears of the database's loss
+    from its trial's fit, and says it in one line, not as a thread's traceback."""
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        with contextlib.suppress(LOST):
+            super().record_heartbeat(trial_id)
+
+
+def retry(study: optuna.Study, number: int, params: dict[str, Any], run_name: str) -> None:
+    """Queue trial ``number`` again, with its values and run (resumed from its last checkpoint)."""
+    study.enqueue_trial(params, user_attrs={"run_name": run_name, "retry_of": number})
+
+
+def retry_stale(study: optuna.Study, trial: FrozenTrial, grace: int) -> None:
+    """Try again a trial whose worker gave no heartbeat for ``grace`` seconds: the worker was
+    killed, or its machine was lost."""
+    worker = trial.user_attrs.get("worker", {})
+    print(
+        f"trial {trial.number}'s worker on {worker.get('host', '?')} (pid {worker.get('pid', '?')}) "
+        f"gave no heartbeat for {grace} s: trying it again",
+        flush=True,
+    )
+    retry(study, trial.number, trial.params, trial.user_attrs.get("run_name", ""))
+
+
+def fail_stale(study: optuna.Study) -> None:
+    """Fail and try again the running trials whose workers gave no heartbeat for the grace period."""
+    with _quiet_experimental():
+        optuna.storages.fail_stale_trials(study)
+
+
+@contextlib.contextmanager
+def _quiet_experimental() -> Iterator[None]:
+    """Without Optuna's warning that the heartbeat is experimental: it has been so since 2.9."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        yield
 
 
 def _check_file(path: Path, storage: str) -> None:
@@ -110,7 +177,7 @@ def open_study(sweep: dict[str, Any], storage: str, fit_args: list[str], runs_di
     """Create the study, or load it if it exists, refusing one whose trials were made otherwise."""
     settings = {"metric": sweep["metric"], "direction": sweep["direction"]}
     settings |= {"parameters": sweep["parameters"], "fit_args": fit_args}
-    opened = open_storage(storage)
+    opened = open_storage(storage, sweep)
     if sweep["name"] not in optuna.get_all_study_names(opened):
         # Its trials' run names would be those of an earlier study's runs, which fit refuses.
         prefix = f"{sweep['name']}-"

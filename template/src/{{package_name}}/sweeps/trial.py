@@ -7,12 +7,17 @@ stops early: its checkpoints are saved, and its line in experiments.jsonl says `
 failed, without the checkpoint of its last epoch.) Needs the ``sweep`` extra (optuna).
 """
 
+import os
+import signal
+import sys
 from typing import Any, Literal
 
 import optuna
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from ..errors import ConfigError
 from ..runs.interrupts import end_with_parent
+from .study import LOST, reason_of
 
 
 def open_storage(storage: str) -> Any:
@@ -53,10 +58,13 @@ class SweepTrial(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         end_with_parent()  # the sweep's worker: if it is killed, the fit saves last.ckpt and exits
         if trainer.is_global_zero:
-            storage = open_storage(self._where["storage"])
-            study = optuna.load_study(
-                study_name=self._where["study_name"], storage=storage, pruner=self._pruner
-            )
+            try:
+                storage = open_storage(self._where["storage"])
+                study = optuna.load_study(
+                    study_name=self._where["study_name"], storage=storage, pruner=self._pruner
+                )
+            except LOST as error:
+                raise ConfigError(f"the sweep's storage does not answer: {reason_of(error)}") from None
             self._trial = optuna.Trial(study, self._trial_id)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -64,9 +72,17 @@ class SweepTrial(Callback):
             return
         prune = False
         if self._trial is not None:
-            self._trial.report(float(trainer.callback_metrics[self.monitor]), step=trainer.current_epoch)
+            try:
+                self._trial.report(float(trainer.callback_metrics[self.monitor]), step=trainer.current_epoch)
+                prune = self._trial.should_prune()
+            except LOST as error:
+                # Stop as SIGTERM stops a fit, saving last.ckpt: the worker tries the trial again,
+                # or, having lost the storage too, ends, and the sweep run again resumes it.
+                print(f"\nerror: the sweep's storage stopped answering: {reason_of(error)}", file=sys.stderr)
+                self._trial = None
+                os.kill(os.getpid(), signal.SIGTERM)
             # A trial at its last epoch has finished: pruning it would only lose its value.
             last = trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= trainer.max_epochs
-            prune = self._trial.should_prune() and not last
+            prune = prune and not last
         if trainer.strategy.broadcast(prune):
             self.pruned = trainer.should_stop = True

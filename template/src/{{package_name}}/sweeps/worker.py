@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from ..runs.directory import LAST_CHECKPOINT, RUNS_DIR, wait_until_free
 from ..runs.experiments import RECORD_FILE, read_lines
 from .report import shown
 from .spec import SweepError, budget_of, suggest
-from .study import SWEEPS_DIR
+from .study import LOST, SWEEPS_DIR, fail_stale, retry
 
 PACKAGE = __package__.rpartition(".")[0]
 TRIAL_CALLBACK = f"{PACKAGE}.sweeps.trial.SweepTrial"
@@ -61,7 +62,8 @@ def _alive(pid: int) -> bool:
 def retry_killed(study: optuna.Study) -> None:
     """Mark failed the running trials whose worker is gone, and queue each again with its values
     and run: a worker of this machine whose process has ended, or an earlier start of this Slurm
-    job task (requeued). A worker gone on another machine is not seen here."""
+    job task (requeued). A worker gone on another machine is found by its heartbeat instead
+    (``fail_stale``), on a database storage."""
     me = worker_id()
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = trial.user_attrs.get("worker")
@@ -75,10 +77,6 @@ def retry_killed(study: optuna.Study) -> None:
                 continue
             print(f"trial {trial.number} was killed with its worker: trying it again", flush=True)
             retry(study, trial.number, trial.params, trial.user_attrs["run_name"])
-
-
-def retry(study: optuna.Study, number: int, params: dict[str, Any], run_name: str) -> None:
-    study.enqueue_trial(params, user_attrs={"run_name": run_name, "retry_of": number})
 
 
 def fit_line(run_name: str, since: int) -> dict[str, Any] | None:
@@ -114,20 +112,37 @@ class Worker:
         # terminal (a Slurm task's, to its output file).
         self.log_dir = SWEEPS_DIR / sweep["name"] / "logs" if "SWEEP_WORKER" in os.environ else None
         self.outcome: type[Exception] | None = None  # how its last trial failed, if it did
+        # Seconds between heartbeats, on a storage that keeps them (a database); None on a journal.
+        self.heartbeat = None if storage.endswith(".journal") else sweep["heartbeat_interval"]
 
     def run(self) -> None:
-        failures = 0
+        failures, waiting = 0, False
         while True:
             retry_killed(self.study)
+            fail_stale(self.study)
             trials = self.study.get_trials(deepcopy=False)
             finished = sum(trial.state in FINISHED for trial in trials)
             running = sum(trial.state == TrialState.RUNNING for trial in trials)
             if finished + running >= self.budget:
-                if running:
+                if not running:
+                    return
+                if self.heartbeat is None:
                     print(f"the last {running} trials are running in other workers", flush=True)
-                return
-            self.outcome = None
-            self.study.optimize(self.objective, n_trials=1, catch=(TrialFailed,))
+                    return
+                # One of them may yet lose its worker, and be this worker's to try again.
+                if not waiting:
+                    print(f"waiting for the last {running} trials, running in other workers", flush=True)
+                waiting = True
+                time.sleep(self.heartbeat)
+                continue
+            waiting, self.outcome = False, None
+            try:
+                self.study.optimize(self.objective, n_trials=1, catch=(TrialFailed,))
+            except UnboundLocalError as error:
+                # Optuna's clean-up fails so when the storage fails as the trial's end is told.
+                if isinstance(error.__context__, LOST):
+                    raise error.__context__ from None
+                raise
             if self.outcome is OverBudget:
                 return
             failures = failures + 1 if self.outcome is TrialFailed else 0
