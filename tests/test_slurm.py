@@ -5,7 +5,8 @@ A job is requeued the way a time limit does it (USR1 to the batch script, which 
 two-process DDP training resumes from last.ckpt to the same weights as a job never interrupted.
 Its scontrol is slowed down, so that the requeue's SIGTERM always finds it still running and the
 training ends while the batch script handles USR1.
-A sweep runs as a job array whose two tasks are workers of one Optuna study, on its journal file.
+A sweep runs as a job array whose two tasks are workers of one Optuna study, on its journal file,
+and again on a real PostgreSQL server (tests/postgres.py).
 Needs root and Debian's slurmctld, slurmd, slurm-client and munge; `.ci/run` installs them and
 sets REQUIRE_SLURM=1, which turns a missing Slurm from a skip into a failure.
 """
@@ -26,6 +27,7 @@ import pytest
 import torch
 import yaml
 from conftest import copy_template, install
+from postgres import postgres
 
 pytestmark = pytest.mark.slow
 
@@ -310,39 +312,49 @@ def _array_states(job_id: str, env: dict) -> list[str]:
 
 
 def test_a_sweep_array_runs_its_tasks_as_workers_of_one_study(slurm, project):
+    journal = optuna.storages.journal.JournalFileBackend(str(project / "sweeps" / "array.journal"))
+    _run_array(slurm, project, "array", optuna.storages.JournalStorage(journal))
+
+
+def test_a_sweep_array_keeps_its_study_on_postgresql(slurm, project):
+    with postgres() as server:
+        _run_array({**slurm, "STORAGE": server.url}, project, "array-pg", server.url)
+
+
+def _run_array(env: dict, project: Path, name: str, storage) -> None:
+    """A job array of two tasks, workers of the study ``name`` (4 trials) in ``storage``."""
     shipped = yaml.safe_load((project / "configs" / "sweep" / "lr_dropout.yaml").read_text())
-    sweep = {**shipped, "name": "array", "trials": 4, "startup_trials": 2}
-    (project / "configs" / "sweep" / "array.yaml").write_text(yaml.safe_dump(sweep))
-    job = _submit_array(project, slurm)
+    sweep = {**shipped, "name": name, "trials": 4, "startup_trials": 2}
+    (project / "configs" / "sweep" / f"{name}.yaml").write_text(yaml.safe_dump(sweep))
+    job = _submit_array(project, env, name)
 
     def ended() -> bool:
-        states = _array_states(job, slurm)
+        states = _array_states(job, env)
         return len(states) == 2 and not {"PENDING", "RUNNING", "COMPLETING"} & set(states)
 
     _wait_for(ended, "the array's two tasks", timeout=600)
     outputs = "".join(
         (project / "checkpoints" / f"slurm-{job}_{task}.out").read_text()[-3000:] for task in (0, 1)
     )
-    assert _array_states(job, slurm) == ["COMPLETED", "COMPLETED"], outputs
+    assert _array_states(job, env) == ["COMPLETED", "COMPLETED"], outputs
 
-    journal = optuna.storages.journal.JournalFileBackend(str(project / "sweeps" / "array.journal"))
-    study = optuna.load_study(study_name="array", storage=optuna.storages.JournalStorage(journal))
+    study = optuna.load_study(study_name=name, storage=storage)
     finished = study.get_trials(states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
     assert len(finished) == len(study.trials) == 4, outputs
     assert len({json.dumps(trial.params, sort_keys=True) for trial in finished}) == 4
     workers = {trial.user_attrs["worker"]["slurm"] for trial in finished}
     assert workers == {f"{job}_0", f"{job}_1"}, workers  # both tasks ran trials
     records = [json.loads(line) for line in (project / "experiments.jsonl").read_text().splitlines()]
-    lines = {line["run_name"]: line for line in records if line["run_name"].startswith("array-")}
+    lines = {line["run_name"]: line for line in records if line["run_name"].startswith(f"{name}-")}
     assert sorted(lines) == sorted(trial.user_attrs["run_name"] for trial in finished)
     assert lines[study.best_trial.user_attrs["run_name"]]["best_value"] == study.best_value
 
 
-def _submit_array(project: Path, env: dict) -> str:
+def _submit_array(project: Path, env: dict, name: str) -> str:
     return _sbatch(
         project,
         env,
         *["sbatch", "--parsable", "--array=0-1", "--cpus-per-task=1", "--gpus-per-node=0"],
-        *["scripts/slurm/sweep.sbatch", "configs/sweep/array.yaml"],
+        *["scripts/slurm/sweep.sbatch", f"configs/sweep/{name}.yaml"],
         *["--", "--trainer.max_epochs=3", "--data.subset=400", "--trainer.enable_progress_bar=false"],
     )

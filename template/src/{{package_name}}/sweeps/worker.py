@@ -28,6 +28,7 @@ PACKAGE = __package__.rpartition(".")[0]
 TRIAL_CALLBACK = f"{PACKAGE}.sweeps.trial.SweepTrial"
 FAILURES_IN_A_ROW = 3
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+WAIT_S = 5  # how often a worker with no trial left to start looks at the others'
 
 
 class Stopped(Exception):
@@ -133,7 +134,7 @@ class Worker:
                 if not waiting:
                     print(f"waiting for the last {running} trials, running in other workers", flush=True)
                 waiting = True
-                time.sleep(self.heartbeat)
+                time.sleep(min(self.heartbeat, WAIT_S))
                 continue
             waiting, self.outcome = False, None
             try:
