@@ -4,6 +4,8 @@
 # make bench-serve: set up, then time the generated project's serve over HTTP against predict.
 # make bench-finetune: set up, then fine-tune a pretrained backbone against random weights, over 5 seeds.
 # make bench-backbone: set up, then time the backbone's training on the CPU at 224, by num_workers.
+# make bench-streaming: set up, then measure LitData shards: peak memory against a CSV's size, and
+#   throughput against the same images as files.
 # make docs: build the documentation site into site/ (any warning fails).
 # make release-check: fail if copier.yml, template/ or migrations/ changed since the newest release
 #   (users would not get the change); make test-fast only warns of it.
@@ -18,7 +20,7 @@ TORCH ?= torch==2.14.1 torchvision==0.29.1
 # Test processes: a generated project's training uses about one core, so two fill this machine's two.
 WORKERS ?= 2
 
-.PHONY: setup test test-fast release-check demo docs bench bench-serve bench-finetune bench-backbone lint tags clean
+.PHONY: setup test test-fast release-check demo docs bench bench-serve bench-finetune bench-backbone bench-streaming lint tags clean
 
 setup: $(VENV)/.installed
 
@@ -63,6 +65,12 @@ bench-finetune: setup
 
 bench-backbone: setup
 	$(BIN)/python bench/backbone_speed.py
+
+bench-streaming: setup
+	rm -rf /tmp/bench-streaming
+	$(BIN)/copier copy --quiet --defaults --trust --vcs-ref=HEAD --data project_name="Bench Streaming" . /tmp/bench-streaming
+	cd /tmp/bench-streaming && PYTHONPATH=src $(CURDIR)/$(BIN)/python $(CURDIR)/bench/streaming.py \
+		--package bench_streaming --mb 300
 
 lint: setup
 	$(BIN)/ruff check tests migrations

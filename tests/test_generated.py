@@ -183,7 +183,8 @@ def test_a_plain_pytest_runs_the_smoke_suite_and_full_runs_every_test(generated,
 FULL = "loggers=wandb+tensorboard+csv"
 FULL_PARTS = {"ddp+user_path": ("ddp", "user_path"), "images+training": ("images", "training")}
 FULL_PARTS |= {"own_data+resume+sweep+scripts": ("own_data", "resume", "sweep", "scripts")}
-FULL_PARTS |= {"backbones": ("backbone", "backbone_uses", "finetuning")}
+FULL_PARTS |= {"backbones": ("backbone", "backbone_uses", "finetuning"), "multinode": ("multinode",)}
+FULL_PARTS |= {"streaming": ("streaming",)}
 TASK_PARTS = {
     "user_path+resume+sweep+scripts+own_data": ("user_path", "resume", "sweep", "scripts", "own_data"),
     "files": ("refused_inputs", "training", "reports", "report_script", "config", "data", "errors", "export"),
@@ -208,6 +209,8 @@ ONCE = (
     "test_sweep.py::test_two_workers_share_one_study_to_its_budget",
     "test_sweep.py::test_trials_that_fail_by_themselves_stop_the_worker_after_three",
     "test_sweep.py::test_a_fit_ends_with_its_worker_killed_as_the_fit_starts",
+    "test_sweep.py::test_a_database_that_stops_answering_ends_the_worker_in_one_line_and_the_sweep_resumes",
+    "test_sweep.py::test_a_fit_whose_sweep_storage_does_not_answer_ends_in_one_line",
     "test_sweep.py::test_a_killed_sweep_continues_to_its_budget_and_resumes_the_killed_trial",
     "test_sweep.py::test_pruning_stops_a_trial_early_and_keeps_its_checkpoints",
     "test_sweep.py::test_the_report_reads_at_80_columns_and_writes_the_plots",

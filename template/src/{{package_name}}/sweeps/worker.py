@@ -141,8 +141,9 @@ class Worker:
                 self.study.optimize(self.objective, n_trials=1, catch=(TrialFailed,))
             except UnboundLocalError as error:
                 # Optuna's clean-up fails so when the storage fails as the trial's end is told.
-                if isinstance(error.__context__, LOST):
-                    raise error.__context__ from None
+                lost = error.__context__
+                if isinstance(lost, LOST):
+                    raise lost from lost.__cause__  # the cause holds the database's reason
                 raise
             if self.outcome is OverBudget:
                 return
