@@ -5,9 +5,10 @@
    (``table_to_shards``), another trains one epoch on them (``fit`` with
    configs/data/streaming.yaml). Prints, per step, the file's size, the process's peak resident
    memory (``ru_maxrss``), that of a process that only imports what it does, and the difference
-   over the file's size. ``--limit_gb`` runs both under that address-space limit (``RLIMIT_AS``,
-   as ``prlimit --as`` sets it); importing torch and lightning alone reserves about 3.9 GB of
-   address space here, so the limit has to be above that.
+   over the file's size. ``--memory_mb`` runs each in a memory cgroup of that limit (root, and
+   cgroup v1's or v2's memory controller): a process that needs more is killed, and the bench
+   fails. (An address-space limit, ``prlimit --as``, cannot stand in: importing torch and
+   lightning alone reserves about 3.9 GB of address space.)
 2. Throughput. The same few hundred digit images (``--images`` per class) as PNG files through
    ``ImageFolderDataModule`` and as shards through ``StreamingDataModule``: the same CNN, batch
    size and epochs, ``--repeats`` times interleaved. Prints each one's fit time (the record's
@@ -21,7 +22,6 @@ Run it from a generated project, whose package it imports:
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -55,31 +55,46 @@ def write_csv(path: Path, megabytes: float) -> int:
     return rows
 
 
-def peak_mb(command: list[str], limit_gb: float | None, cwd: Path | None = None) -> float:
-    """The peak resident memory of ``command``'s process, in MB; fails on a non-zero exit."""
+def memory_cgroup(megabytes: int) -> Path:
+    """A new memory cgroup limited to ``megabytes`` (its page cache counted too); the file to
+    write a process's id into to put it there."""
+    controllers = Path("/sys/fs/cgroup/cgroup.controllers")
+    name = f"bench-streaming-{os.getpid()}"
+    if controllers.exists() and "memory" in controllers.read_text().split():
+        group, limit = Path("/sys/fs/cgroup") / name, "memory.max"
+    else:
+        group, limit = Path("/sys/fs/cgroup/memory") / name, "memory.limit_in_bytes"
+    group.mkdir()
+    (group / limit).write_text(str(megabytes * 2**20))
+    return group / "cgroup.procs"
 
-    def limit() -> None:
-        if limit_gb:
-            size = int(limit_gb * 2**30)
-            resource.setrlimit(resource.RLIMIT_AS, (size, size))
+
+def peak_mb(command: list[str], cgroup: Path | None, cwd: Path | None = None) -> float:
+    """The peak resident memory of ``command``'s process, in MB; fails on a non-zero exit (the
+    cgroup's limit kills it)."""
+
+    def enter() -> None:
+        if cgroup:
+            cgroup.write_text(str(os.getpid()))
 
     process = subprocess.Popen(
-        command, cwd=cwd, preexec_fn=limit, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        command, cwd=cwd, preexec_fn=enter, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     _, status, usage = os.wait4(process.pid, 0)
     if status:
-        sys.exit(f"{' '.join(command)} failed:\n{process.stderr.read().decode()[-3000:]}")
+        sys.exit(f"{' '.join(command)} failed (status {status}):\n{process.stderr.read().decode()[-3000:]}")
     return usage.ru_maxrss / 1024
 
 
-def memory(package: str, project: Path, directory: Path, megabytes: float, limit_gb: float | None) -> None:
+def memory(package: str, project: Path, directory: Path, megabytes: float, memory_mb: int | None) -> None:
     csv, shards = directory / "table.csv", directory / "shards"
+    cgroup = memory_cgroup(memory_mb) if memory_mb else None
     rows = write_csv(csv, megabytes)
     size = csv.stat().st_size / 1e6
-    baseline = peak_mb([sys.executable, "-c", BASELINE.format(package=package)], limit_gb)
+    baseline = peak_mb([sys.executable, "-c", BASELINE.format(package=package)], cgroup)
     started = time.perf_counter()
     convert = peak_mb(
-        [sys.executable, "-c", CONVERT.format(package=package, csv=str(csv), output=str(shards))], limit_gb
+        [sys.executable, "-c", CONVERT.format(package=package, csv=str(csv), output=str(shards))], cgroup
     )
     convert_s = time.perf_counter() - started
     config = project / "configs" / "data" / "streaming.yaml"
@@ -90,9 +105,9 @@ def memory(package: str, project: Path, directory: Path, megabytes: float, limit
         "--run_name=bench-streaming",
     ]  # fmt: skip
     started = time.perf_counter()
-    train = peak_mb(fit, limit_gb, cwd=directory)
+    train = peak_mb(fit, cgroup, cwd=directory)
     train_s = time.perf_counter() - started
-    limit = f", under RLIMIT_AS {limit_gb} GB" if limit_gb else ""
+    limit = f", each process in a memory cgroup of {memory_mb} MB" if memory_mb else ""
     print(f"CSV {size:.0f} MB, {rows:,} rows of {FEATURES} features{limit}")
     print(f"  {'imports only':14} peak {baseline:6.0f} MB")
     for step, peak, seconds in (("convert", convert, convert_s), ("train 1 epoch", train, train_s)):
@@ -168,14 +183,14 @@ def main() -> None:
     )
     parser.add_argument("--package", required=True, help="the generated project's package name")
     parser.add_argument("--mb", type=float, default=400, help="the size of the CSV file, in MB")
-    parser.add_argument("--limit_gb", type=float, default=None, help="RLIMIT_AS of each process, in GB")
+    parser.add_argument("--memory_mb", type=int, help="the limit of a memory cgroup for each process")
     parser.add_argument("--images", type=int, default=40, help="images per class for the throughput test")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     project = Path.cwd()
     with tempfile.TemporaryDirectory() as temporary:
-        memory(args.package, project, Path(temporary), args.mb, args.limit_gb)
+        memory(args.package, project, Path(temporary), args.mb, args.memory_mb)
     with tempfile.TemporaryDirectory() as temporary:
         throughput(args.package, project, Path(temporary), args.images, args.repeats, args.epochs)
 
