@@ -19,6 +19,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy
 import yaml
 from conftest import copy_template, install
 from postgres import postgres
@@ -175,6 +176,41 @@ def test_the_server_going_away_ends_the_worker_in_one_line_and_the_sweep_continu
     assert sum(trial.state == optuna.trial.TrialState.COMPLETE for trial in study.trials) == 2
     run = interrupted.user_attrs["run_name"]
     assert f"{run} (resumed)" in (tmp_path / "again.log").read_text()
+
+
+def test_workers_that_start_together_on_a_new_database_all_open_it(server, project):
+    # Each creates Optuna's tables at the same moment; without trying again, most rounds lost one
+    # or more workers to `duplicate key value violates unique constraint "pg_type_typname_nsp_index"`.
+    opening = (
+        "import sys; from project.sweeps.spec import KEYS; from project.sweeps.study import open_storage; "
+        "open_storage(sys.argv[1], dict(KEYS)); print('opened')"
+    )
+    engine = sqlalchemy.create_engine(server.url, isolation_level="AUTOCOMMIT")
+    env = {**os.environ, "PYTHONPATH": str(project / "src")}
+    for round in range(3):
+        with engine.connect() as connection:
+            connection.execute(sqlalchemy.text(f"CREATE DATABASE together{round}"))
+        url = server.url.replace("/sweeps", f"/together{round}")
+        workers = [
+            subprocess.Popen(
+                [sys.executable, "-c", opening, url],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+            for _ in range(4)
+        ]
+        try:
+            said = [worker.communicate(timeout=120)[0] for worker in workers]
+        finally:
+            for worker in workers:
+                if worker.poll() is None:
+                    os.killpg(worker.pid, signal.SIGKILL)
+                    worker.wait()
+        assert [text.strip() for text in said] == ["opened"] * 4, said
+    engine.dispose()
 
 
 @pytest.mark.parametrize(

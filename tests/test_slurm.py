@@ -312,17 +312,21 @@ def _array_states(job_id: str, env: dict) -> list[str]:
 
 
 def test_a_sweep_array_runs_its_tasks_as_workers_of_one_study(slurm, project):
-    journal = optuna.storages.journal.JournalFileBackend(str(project / "sweeps" / "array.journal"))
-    _run_array(slurm, project, "array", optuna.storages.JournalStorage(journal))
+    def journal() -> optuna.storages.JournalStorage:
+        backend = optuna.storages.journal.JournalFileBackend(str(project / "sweeps" / "array.journal"))
+        return optuna.storages.JournalStorage(backend)
+
+    _run_array(slurm, project, "array", journal)
 
 
 def test_a_sweep_array_keeps_its_study_on_postgresql(slurm, project):
+    # Both tasks start at once on a new database: each may find the other creating Optuna's tables.
     with postgres() as server:
-        _run_array({**slurm, "STORAGE": server.url}, project, "array-pg", server.url)
+        _run_array({**slurm, "STORAGE": server.url}, project, "array-pg", lambda: server.url)
 
 
 def _run_array(env: dict, project: Path, name: str, storage) -> None:
-    """A job array of two tasks, workers of the study ``name`` (4 trials) in ``storage``."""
+    """A job array of two tasks, workers of the study ``name`` (4 trials) in ``storage()``."""
     shipped = yaml.safe_load((project / "configs" / "sweep" / "lr_dropout.yaml").read_text())
     sweep = {**shipped, "name": name, "trials": 4, "startup_trials": 2}
     (project / "configs" / "sweep" / f"{name}.yaml").write_text(yaml.safe_dump(sweep))
@@ -338,7 +342,7 @@ def _run_array(env: dict, project: Path, name: str, storage) -> None:
     )
     assert _array_states(job, env) == ["COMPLETED", "COMPLETED"], outputs
 
-    study = optuna.load_study(study_name=name, storage=storage)
+    study = optuna.load_study(study_name=name, storage=storage())
     finished = study.get_trials(states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
     assert len(finished) == len(study.trials) == 4, outputs
     assert len({json.dumps(trial.params, sort_keys=True) for trial in finished}) == 4

@@ -4,6 +4,8 @@ continued only with the same settings)."""
 import contextlib
 import functools
 import os
+import random
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ from .spec import SweepError, check_name, read_sweep
 SWEEPS_DIR = Path("sweeps")
 # What must stay the same for a study to be continued: its trials are comparable only then.
 KEPT = ("metric", "direction", "parameters", "fit_args")
+CREATE_TRIES = 5  # to open a database that other workers are setting up at the same moment
 # What a database that stopped answering raises: Optuna wraps SQLAlchemy's errors, but not all.
 LOST = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)
 
@@ -45,18 +48,31 @@ def open_storage(storage: str, sweep: dict[str, Any] | None = None) -> optuna.st
             return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage))
         if sweep is None:
             return optuna.storages.RDBStorage(storage)
-        with _quiet_experimental():
-            return Beating(
-                storage,
-                heartbeat_interval=sweep["heartbeat_interval"],
-                grace_period=sweep["grace_period"],
-                heartbeat_stale_trial_callback=functools.partial(retry_stale, grace=sweep["grace_period"]),
-            )
+        return _beating(storage, sweep)
     except ImportError as error:
         driver = error.__cause__ or error  # Optuna's message leaves out which module is missing
         raise SweepError(f"{storage}: its database driver is not installed ({driver})") from None
     except (OSError, ValueError, sqlalchemy.exc.SQLAlchemyError) as error:
         raise SweepError(f"{storage}: {reason_of(error)}") from None
+
+
+def _beating(storage: str, sweep: dict[str, Any]) -> "Beating":
+    opened = functools.partial(
+        Beating,
+        storage,
+        heartbeat_interval=sweep["heartbeat_interval"],
+        grace_period=sweep["grace_period"],
+        heartbeat_stale_trial_callback=functools.partial(retry_stale, grace=sweep["grace_period"]),
+    )
+    with _quiet_experimental():
+        for _ in range(CREATE_TRIES - 1):
+            try:
+                return opened()
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+                # Workers that start together on a new database each create Optuna's tables;
+                # those that lose the race find them made when they try again.
+                time.sleep(1 + random.random())
+        return opened()
 
 
 def reason_of(error: BaseException) -> str:
