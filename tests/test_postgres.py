@@ -22,7 +22,7 @@ import pytest
 import sqlalchemy
 import yaml
 from conftest import copy_template, install
-from postgres import postgres
+from postgres import PASSWORD, USER, postgres
 
 pytestmark = pytest.mark.slow
 
@@ -144,6 +144,13 @@ def test_a_worker_killed_on_another_machine_is_tried_again_from_its_heartbeat(se
     best = _fit_lines(project, study.best_trial.user_attrs["run_name"])[-1]
     assert best["best_value"] == study.best_value
     assert "Traceback" not in output
+    # The password is printed nowhere, nor saved with the runs: the fits get the URL from their
+    # environment, not their command line.
+    assert PASSWORD not in output and f"{USER}:***@127.0.0.1" in output
+    saved = [
+        path for path in (project / "checkpoints").rglob("*") if path.is_file() and path.suffix != ".ckpt"
+    ]
+    assert saved and not [path for path in saved if PASSWORD.encode() in path.read_bytes()]
 
 
 def test_the_server_going_away_ends_the_worker_in_one_line_and_the_sweep_continues(server, project, tmp_path):
@@ -228,4 +235,5 @@ def test_a_wrong_password_or_database_is_one_line(server, project, tmp_path, cha
     assert _wait(worker, limit_s=120) == 1
     output = (tmp_path / "worker.log").read_text().strip()
     assert len(output.splitlines()) == 1, output
-    assert output.startswith(f"error: {url}: connection failed: ") and message in output, output
+    shown = sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)  # never the password
+    assert output.startswith(f"error: {shown}: connection failed: ") and message in output, output

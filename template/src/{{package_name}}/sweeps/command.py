@@ -10,7 +10,7 @@ import optuna
 
 from .report import report
 from .spec import read_sweep
-from .study import SWEEPS_DIR, existing_storage, open_storage, open_study, storage_of, study_name
+from .study import SWEEPS_DIR, existing_storage, open_storage, open_study, printable, storage_of, study_name
 from .worker import Worker, launch, runs_dir_of
 
 
@@ -23,7 +23,7 @@ def show(name_or_file: str, storage: str | None, dashboard: bool, port: int) -> 
         found = shutil.which("optuna-dashboard", path=str(Path(sys.executable).parent))
         command = found or "optuna-dashboard"
         os.execv(command, [command, storage, "--host", "127.0.0.1", "--port", str(port)])
-    report(optuna.load_study(study_name=name, storage=opened), storage, SWEEPS_DIR / name)
+    report(optuna.load_study(study_name=name, storage=opened), printable(storage), SWEEPS_DIR / name)
 
 
 def sweep(
@@ -46,5 +46,5 @@ def sweep(
         Worker(settings, study, storage, fit_args).run()
         if "SWEEP_WORKER" in os.environ:
             return 0  # the command that started the workers reports
-    report(study, storage, SWEEPS_DIR / settings["name"])
+    report(study, printable(storage), SWEEPS_DIR / settings["name"])
     return 0

@@ -21,6 +21,9 @@ from .spec import SweepError, check_name, read_sweep
 SWEEPS_DIR = Path("sweeps")
 # What must stay the same for a study to be continued: its trials are comparable only then.
 KEPT = ("metric", "direction", "parameters", "fit_args")
+# How a trial's fit is told the storage: not on its command line, saved in its config.yaml, since
+# a database URL may hold a password.
+STORAGE_VARIABLE = "SWEEP_STORAGE"
 CREATE_TRIES = 5  # to open a database that other workers are setting up at the same moment
 # What a database that stopped answering raises: Optuna wraps SQLAlchemy's errors, but not all.
 LOST = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)
@@ -51,9 +54,9 @@ def open_storage(storage: str, sweep: dict[str, Any] | None = None) -> optuna.st
         return _beating(storage, sweep)
     except ImportError as error:
         driver = error.__cause__ or error  # Optuna's message leaves out which module is missing
-        raise SweepError(f"{storage}: its database driver is not installed ({driver})") from None
+        raise SweepError(f"{printable(storage)}: its database driver is not installed ({driver})") from None
     except (OSError, ValueError, sqlalchemy.exc.SQLAlchemyError) as error:
-        raise SweepError(f"{storage}: {reason_of(error)}") from None
+        raise SweepError(f"{printable(storage)}: {reason_of(error)}") from None
 
 
 def _beating(storage: str, sweep: dict[str, Any]) -> "Beating":
@@ -73,6 +76,14 @@ def _beating(storage: str, sweep: dict[str, Any]) -> "Beating":
                 # those that lose the race find them made when they try again.
                 time.sleep(1 + random.random())
         return opened()
+
+
+def printable(storage: str) -> str:
+    """The storage as printed: a database URL without its password."""
+    try:
+        return sqlalchemy.engine.make_url(storage).render_as_string(hide_password=True)
+    except sqlalchemy.exc.ArgumentError:  # a journal file
+        return storage
 
 
 def reason_of(error: BaseException) -> str:
@@ -200,7 +211,7 @@ def open_study(sweep: dict[str, Any], storage: str, fit_args: list[str], runs_di
         earlier = sorted(path for path in runs_dir.glob(f"{prefix}*") if path.name[len(prefix) :].isdigit())
         if earlier:
             raise SweepError(
-                f"{earlier[0]} holds a run of an earlier study {sweep['name']}, not in {storage}: "
+                f"{earlier[0]} holds a run of an earlier study {sweep['name']}, not in {printable(storage)}: "
                 "give this sweep another name, or move those runs away"
             )
     study = optuna.create_study(
@@ -215,8 +226,8 @@ def open_study(sweep: dict[str, Any], storage: str, fit_args: list[str], runs_di
     elif kept != settings:
         changed = ", ".join(key for key in KEPT if kept[key] != settings[key])
         raise SweepError(
-            f"study {sweep['name']} in {storage} was run with another {changed}: run it with the same, "
-            "or give this sweep another name"
+            f"study {sweep['name']} in {printable(storage)} was run with another {changed}: run it with the "
+            "same, or give this sweep another name"
         )
     study.sampler = SeededByTrial(sweep)
     return study

@@ -17,7 +17,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from ..errors import ConfigError
 from ..runs.interrupts import end_with_parent
-from .study import LOST, reason_of
+from .study import LOST, STORAGE_VARIABLE, reason_of
 
 
 def open_storage(storage: str) -> Any:
@@ -32,21 +32,24 @@ class SweepTrial(Callback):
     """Reports ``monitor`` to the trial ``trial_id`` of ``study`` after each epoch's validation,
     and stops the fit when the pruner says so. ``median`` prunes a trial whose value at an epoch
     is worse than the median of the earlier trials' at that epoch, once ``startup_trials`` have
-    finished and from epoch ``warmup_epochs`` on; ``none`` never prunes."""
+    finished and from epoch ``warmup_epochs`` on; ``none`` never prunes.
+
+    The study is in ``storage``, by default the environment's ``SWEEP_STORAGE``: the worker sets
+    that, so that a database's password is not written into the run's config.yaml."""
 
     def __init__(
         self,
-        storage: str,
         study: str,
         trial_id: int,
         monitor: str,
+        storage: str | None = None,
         pruner: Literal["median", "none"] = "median",
         startup_trials: int = 4,
         warmup_epochs: int = 3,
     ) -> None:
         self.monitor = monitor
         self.pruned = False  # the experiment record reads it
-        self._where = {"study_name": study, "storage": storage}
+        self._where = {"study_name": study, "storage": storage or os.environ.get(STORAGE_VARIABLE)}
         self._pruner = (
             optuna.pruners.MedianPruner(startup_trials, n_warmup_steps=warmup_epochs)
             if pruner == "median"
@@ -58,6 +61,8 @@ class SweepTrial(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         end_with_parent()  # the sweep's worker: if it is killed, the fit saves last.ckpt and exits
         if trainer.is_global_zero:
+            if not self._where["storage"]:
+                raise ConfigError(f"SweepTrial has no storage: give its storage, or set {STORAGE_VARIABLE}")
             try:
                 storage = open_storage(self._where["storage"])
                 study = optuna.load_study(

@@ -22,7 +22,7 @@ from ..runs.directory import LAST_CHECKPOINT, RUNS_DIR, wait_until_free
 from ..runs.experiments import RECORD_FILE, read_lines
 from .report import shown
 from .spec import SweepError, budget_of, suggest
-from .study import LOST, SWEEPS_DIR, fail_stale, retry
+from .study import LOST, STORAGE_VARIABLE, SWEEPS_DIR, fail_stale, retry
 
 PACKAGE = __package__.rpartition(".")[0]
 TRIAL_CALLBACK = f"{PACKAGE}.sweeps.trial.SweepTrial"
@@ -176,7 +176,6 @@ class Worker:
         callback = {
             "class_path": TRIAL_CALLBACK,
             "init_args": {
-                "storage": self.storage,
                 "study": self.sweep["name"],
                 "trial_id": trial._trial_id,
                 "monitor": self.sweep["metric"],
@@ -226,6 +225,7 @@ class Worker:
             command,
             stdout=output,
             stderr=subprocess.STDOUT if output else None,
+            env={**os.environ, STORAGE_VARIABLE: self.storage},
             preexec_fn=functools.partial(_end_with, os.getpid()),
         )
         try:
