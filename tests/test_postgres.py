@@ -148,6 +148,7 @@ def test_a_worker_killed_on_another_machine_is_tried_again_from_its_heartbeat(se
     # environment, not their command line.
     assert PASSWORD not in output and f"{USER}:***@127.0.0.1" in output
     saved = [path for path in (project / "checkpoints").rglob("*") if path.is_file()]
+    saved.append(project / "experiments.jsonl")
     assert saved and not [path for path in saved if PASSWORD.encode() in path.read_bytes()]
 
 

@@ -12,11 +12,11 @@ The split is the one ``FileDataModule`` and ``ImageFolderDataModule`` make of th
 the preprocessing is fitted on the training split only. A CSV file is read ``CHUNK_ROWS`` rows at
 a time, twice: its labels first (the split is stratified by class), then every row, written to
 its split's shards while the standardisation is fitted on the training rows. Memory holds one
-chunk and one label per row, never the file.
+chunk, a label, a split and an index per row, never the file.
 
 The training loader is LitData's ``StreamingDataLoader``: Lightning saves its position in every
-checkpoint, so a run resumed mid-epoch sees the batches it would have seen, on any number of
-worker processes. LitData is an optional dependency: ``pip install -e '.[stream]'``.
+checkpoint, so a run resumed mid-epoch sees the batches it would have seen, with as many loader
+workers as before. LitData is an optional dependency: ``pip install -e '.[stream]'``.
 """
 
 import io
