@@ -77,6 +77,7 @@ OPTIONS = {
 # What each size taken from the data counts, as the messages say.
 NETWORK_INPUT = ("image_size", "interpolation", "mean", "std")
 SIZE_NAMES = {"in_features": "input features", "num_classes": "classes", "num_outputs": "regression target"}
+OUTPUTS = {"classification": "num_classes", "regression": "num_outputs"}  # what a network's outputs are
 
 
 class Parser(LightningArgumentParser):
@@ -249,8 +250,9 @@ def set_sizes(config: Namespace, data: SupervisedDataModule) -> None:
     if "num_classes" in model:
         _set_size(model, "model.init_args.num_classes", sizes["num_classes"], "classes")
         sizes["num_classes"] = model.num_classes
-    # A network with num_outputs (a regression project's MLP) gives one per class on classes.
-    sizes["num_outputs"] = 1 if data.task == "regression" else sizes["num_classes"]
+    # A network's outputs, num_classes or num_outputs by its own name: one per class, or one target.
+    outputs = 1 if data.task == "regression" else sizes["num_classes"]
+    sizes["num_classes"] = sizes["num_outputs"] = outputs
     network = model.get("network")
     if isinstance(network, Namespace) and isinstance(network.get("init_args"), Namespace):
         _set_network_sizes(network, sizes, data.task)
@@ -264,7 +266,7 @@ def _set_network_sizes(network: Namespace, sizes: dict[str, int | None], task: s
         if key in network.init_args and value is not None:
             if key in parameters and network.init_args[key] == parameters[key].default:
                 network.init_args[key] = None
-            what = "classes" if key == "num_outputs" and task != "regression" else SIZE_NAMES[key]
+            what = SIZE_NAMES[key] if key == "in_features" else SIZE_NAMES[OUTPUTS[task]]
             _set_size(network.init_args, f"model.init_args.network.init_args.{key}", value, what)
 
 

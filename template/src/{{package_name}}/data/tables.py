@@ -1,11 +1,13 @@
 """Reading a data file into features and labels, with every value checked as it is read.
 
 A CSV file is a header row and one row per sample. A column of numbers is a numeric feature; a
-column of text is a categorical feature, one-hot encoded by ``Preprocessing``. An ``.npz`` archive
-holds numeric arrays, an ``.npy`` file the features alone. Whatever cannot be trained on stops
-here, with one line naming the file, the row and the column: a value that is not a number in a
-column of numbers, one that is infinite or too large for float32, a ragged or empty file, a label
-that is not a class.
+column of text is a categorical feature, one-hot encoded by ``Preprocessing``; a column that is
+not a feature (an identifier, free text, a date) is left out by naming it in ``drop_columns``. An
+``.npz`` archive holds numeric arrays, an ``.npy`` file the features alone. Whatever cannot be
+trained on stops here, naming the file, the row and the column: a value that is not a number in a
+column of numbers, one that is infinite or too large for float32, a column of dates, identifiers
+or free text, a ragged or empty file, a label that is not a class. The problems of a file's
+columns are reported together, one line each, so that one run names all of them.
 
 A missing value is an empty cell or one of ``MISSING`` (any case), in a column of numbers or of
 text alike, and NaN in an array; ``treat_missing`` refuses, drops or imputes them, as the data
@@ -13,7 +15,9 @@ module's ``missing`` says. In a column of numbers it is read as NaN.
 """
 
 import csv
+import re
 import zipfile
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -30,6 +34,15 @@ MOST_DISTINCT = 0.5
 MISSING = frozenset(("", "na", "n/a", "#n/a", "<na>", "nan", "-nan", "null"))
 # The category a missing text value becomes when missing values are imputed.
 MISSING_CATEGORY = "missing"
+# A text column is one of dates or times when this share of its values are written as one: ISO 8601
+# (2024-01-31, 2024-01-31T08:00:00+01:00), day/month/year with / or . (31/01/2024), or a time (08:00).
+DATE = re.compile(
+    r"\d{4}-\d{1,2}-\d{1,2}([ T]\d{1,2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?)?"
+    r"|\d{1,2}[/.]\d{1,2}[/.]\d{2,4}( \d{1,2}:\d{2}(:\d{2})?)?|\d{1,2}:\d{2}(:\d{2})?"
+)
+MOSTLY_DATES = 0.9
+# A file with more problems than this is reported by its first ones.
+REPORTED_PROBLEMS = 10
 # The delimiters a CSV file may have, told apart on its first characters.
 DELIMITERS = ",;\t|"
 SNIFFED_CHARACTERS = 65_536
@@ -92,24 +105,46 @@ class Table:
 
 
 def read_table(
-    path: Path, label_column: str = "label", features_key: str = "features", labels_key: str = "labels"
+    path: Path,
+    label_column: str = "label",
+    features_key: str = "features",
+    labels_key: str = "labels",
+    drop_columns: Collection[str] = (),
+    only_columns: Collection[str] | None = None,
+    missing_advice: str | None = None,
 ) -> Table:
     """The samples of a ``.csv``, ``.npz`` or ``.npy`` file, checked; see the module's docstring.
 
     The labels are ``label_column`` of a CSV file, or the array ``labels_key`` of an ``.npz``
     archive; the features are the other columns, or the array ``features_key``. Labels are
-    optional here; a data module that needs them says so.
+    optional here; a data module that needs them says so. A CSV file's columns in
+    ``drop_columns``, or not in ``only_columns`` if given, are not read. With ``missing_advice``, a
+    missing value is one of the problems reported, with that advice.
     """
     if path.suffix not in (".npy", ".npz", ".csv"):
         raise DataError(f"{path} is not a .npy, .npz or .csv file")
     if not path.is_file():
         raise FileNotFoundError(f"no such file {path}")
     if path.suffix == ".csv":
-        table = _read_csv(path, label_column)
+        table, problems = _read_csv(path, label_column, set(drop_columns), only_columns)
     else:
-        table = _read_arrays(path, labels_key, features_key)
-    check_numeric(table)
+        table, problems = _read_arrays(path, labels_key, features_key), []
+    problems += numeric_problems(table)
+    if missing_advice is not None:
+        problems += missing_problems(table, missing_advice)
+    refuse(path, problems)
     return table
+
+
+def refuse(source: Path, problems: Sequence[str]) -> None:
+    """Raise one ``DataError`` for all of ``problems``, each a message that begins with ``source``:
+    that message for one, else a line for each of the first ``REPORTED_PROBLEMS``."""
+    if len(problems) == 1:
+        raise DataError(problems[0])
+    if problems:
+        shown = [problem.removeprefix(str(source)).lstrip(", ") for problem in problems[:REPORTED_PROBLEMS]]
+        first = f", the first {len(shown)} of them" if len(shown) < len(problems) else ""
+        raise DataError("\n  ".join([f"{source} has {len(problems)} problems{first}:", *shown]))
 
 
 def _read_arrays(path: Path, labels_key: str, features_key: str) -> Table:
@@ -140,47 +175,82 @@ def _read_arrays(path: Path, labels_key: str, features_key: str) -> Table:
     return Table(path, features.astype(np.float64), names, labels=labels, label_name=labels_key, rows=rows)
 
 
-def _read_csv(path: Path, label_column: str) -> Table:
+def _read_csv(
+    path: Path, label_column: str, dropped: set[str], only: Collection[str] | None
+) -> tuple[Table, list[str]]:
     try:
         with path.open(newline="", encoding="utf-8-sig") as file:
             dialect = _dialect(file.read(SNIFFED_CHARACTERS))
             file.seek(0)
             header, numbers, text, row_numbers = _read_numbers(path, csv.reader(file, dialect))
-        features = [i for i, name in enumerate(header) if name != label_column]
+        if unknown := sorted(dropped - set(header)):
+            raise DataError(f"data.init_args.drop_columns names {unknown}, not columns of {path}: {header}")
+        if label_column in dropped:
+            raise DataError(f"data.init_args.drop_columns names {label_column!r}, the label column")
+        features = [
+            i
+            for i, name in enumerate(header)
+            if name != label_column and name not in dropped and (only is None or name in only)
+        ]
         if not features:
             raise DataError(f"{path} has no feature columns besides {label_column!r}")
         label = header.index(label_column) if label_column in header else None
         counts, present = text.sum(axis=0), (~np.isnan(numbers) | text).sum(axis=0)
-        categorical = [i for i in features if counts[i] * 2 > present[i]]  # mostly text
-        wrong = [i for i in features if counts[i] and i not in categorical]
+        textual = [i for i in features if counts[i] * 2 > present[i]]  # mostly text
+        wrong = [i for i in features if counts[i] and i not in textual]
         text_labels = label is not None and bool(counts[label])
-        read_as_text = [*wrong[:1], *categorical, *([label] if text_labels else [])]
+        read_as_text = [*wrong, *textual, *([label] if text_labels else [])]
         with path.open(newline="", encoding="utf-8-sig") as file:
             values = _read_text(csv.reader(file, dialect), read_as_text, len(row_numbers))
     except (UnicodeDecodeError, csv.Error) as error:
         raise DataError(f"{path} is not a CSV text file ({error})") from None
     rows = [f"row {number}" for number in row_numbers]
-    if wrong:
-        first = np.flatnonzero(text[:, wrong[0]])[0]
-        raise DataError(
-            f"{path} {rows[first]}, column {header[wrong[0]]!r}: {values[first, 0]!r} is not a number "
-            f"({such(int(counts[wrong[0]]), 'value')} in a column of numbers); fill or drop them"
+    problems = []
+    for j, i in enumerate(wrong):
+        first = np.flatnonzero(text[:, i])[0]
+        problems.append(
+            f"{path} {rows[first]}, column {header[i]!r}: {values[first, j]!r} is not a number "
+            f"({such(int(counts[i]), 'value')} in a column of numbers); fill or drop them"
         )
-    numeric = [i for i in features if i not in categorical]
+    texts = dict(zip(textual, values[:, len(wrong) : len(wrong) + len(textual)].T, strict=True))
+    refused = {i: _text_problems(path, header[i], column) for i, column in texts.items()}
+    problems += [problem for found in refused.values() for problem in found]
+    categorical = [i for i in textual if not refused[i]]
+    numeric = [i for i in features if i not in textual and i not in wrong]
     labels = None if label is None else values[:, -1] if text_labels else numbers[:, label].copy()
     table = Table(
         path,
         numbers[:, numeric],
         [header[i] for i in numeric],
-        values[:, : len(categorical)],
+        np.column_stack([texts[i] for i in categorical]) if categorical else values[:, :0],
         [header[i] for i in categorical],
         labels,
         label_column,
         rows,
         dialect.delimiter,
     )
-    check_categories(table)
-    return table
+    return table, problems
+
+
+def _text_problems(path: Path, name: str, column: np.ndarray) -> list[str]:
+    """Why a column of text is not a category, if it is not: dates or times, or an identifier or
+    free text (a different value in most rows)."""
+    present = column[~is_missing(column)]
+    distinct = np.unique(present)
+    dates = sum(bool(DATE.fullmatch(value)) for value in distinct)
+    if len(distinct) and dates >= MOSTLY_DATES * len(distinct):
+        shown = ", ".join(repr(value) for value in distinct[:2])
+        return [
+            f"{path}, column {name!r}: dates or times ({shown}, ...) are neither numbers nor categories; "
+            "leave the column out with data.init_args.drop_columns, or write the parts that matter "
+            "(year, month, day of the week, hour) as columns of numbers"
+        ]
+    if len(distinct) > 20 and len(distinct) > MOST_DISTINCT * len(column):
+        return [
+            f"{path}, column {name!r}: {len(distinct)} different text values in {len(column)} rows; an "
+            "identifier or free text is not a category: leave the column out with data.init_args.drop_columns"
+        ]
+    return []
 
 
 def _dialect(sample: str) -> type[csv.Dialect]:
@@ -274,29 +344,46 @@ def such(count: int, noun: str) -> str:
 def check_numeric(table: Table) -> None:
     """Refuse a numeric feature that is infinite or too large to train on in float32 (NaN is a
     missing value: see ``treat_missing``)."""
+    refuse(table.source, numeric_problems(table))
+
+
+def numeric_problems(table: Table) -> list[str]:
+    """For each numeric feature with a value that is infinite or too large to train on in float32,
+    a message naming the first."""
     flat = table.numeric.reshape(len(table), -1)
     bad = np.isinf(flat) | (np.abs(np.nan_to_num(flat)) > LARGEST_VALUE)
-    if not bad.any():
-        return
-    row, column = np.argwhere(bad)[0]
-    value = flat[row, column]
-    problem = "is not a finite number" if np.isinf(value) else f"is beyond ±{LARGEST_VALUE:.0e}"
-    raise DataError(
-        f"{table.where(row, table.numeric_names[column])}: {value:g} {problem}; "
-        f"{such(int(bad.sum()), 'value')}, which cannot be trained on in float32 (a placeholder for a "
-        "missing value?); fill or drop them"
-    )
+    problems = []
+    for column in np.flatnonzero(bad.any(axis=0)):
+        row = np.flatnonzero(bad[:, column])[0]
+        value = flat[row, column]
+        problem = "is not a finite number" if np.isinf(value) else f"is beyond ±{LARGEST_VALUE:.0e}"
+        problems.append(
+            f"{table.where(row, table.numeric_names[column])}: {value:g} {problem}; "
+            f"{such(int(bad[:, column].sum()), 'value')}, which cannot be trained on in float32 (a "
+            "placeholder for a missing value?); fill or drop them"
+        )
+    return problems
 
 
-def check_categories(table: Table) -> None:
-    """Refuse a text column that is an identifier or free text rather than a category."""
-    for j, name in enumerate(table.categorical_names):
-        distinct = len(np.unique(table.categorical[:, j]))
-        if distinct > 20 and distinct > MOST_DISTINCT * len(table):
-            raise DataError(
-                f"{table.source}, column {name!r}: {distinct} different text values in {len(table)} rows; "
-                "an identifier or free text is not a category: drop the column"
-            )
+def missing_problems(table: Table, advice: str) -> list[str]:
+    """Where features or labels are missing, with ``advice``: one message for the table's first
+    missing value, or one for each column's first if several columns have them."""
+    label = np.zeros(len(table), dtype=bool) if table.labels is None else is_missing(table.labels)
+    missing = np.column_stack([table.missing(), label])
+    names = [*table.numeric_names, *table.categorical_names, table.label_name]
+    columns = np.flatnonzero(missing.any(axis=0))
+    if len(columns) <= 1:
+        rows = np.count_nonzero(missing.any(axis=1))
+        return [
+            f"{table.where(row, names[column])}: it is missing ({such(int(missing.sum()), 'value')} in "
+            f"{rows} row{'s' if rows > 1 else ''}); {advice}"
+            for row, column in np.argwhere(missing)[:1]
+        ]
+    return [
+        f"{table.where(np.flatnonzero(missing[:, column])[0], names[column])}: it is missing "
+        f"({such(int(missing[:, column].sum()), 'value')} in the column); {advice}"
+        for column in columns
+    ]
 
 
 def class_labels(table: Table) -> np.ndarray:
@@ -346,25 +433,18 @@ def treat_missing(table: Table, rule: str, advice: str) -> tuple[Table, np.ndarr
     """The table with its missing values treated by ``rule``, the rows to keep, and the number of
     values imputed.
 
-    ``error`` refuses the first missing feature or label, with ``advice``; ``drop`` keeps the rows
+    ``error`` refuses missing features and labels, naming the first (of each column, if several
+    columns have them), with ``advice``; ``drop`` keeps the rows
     where nothing is missing; ``impute`` keeps the rows that have a label, and makes a missing text
     value the category ``MISSING_CATEGORY``. A missing number stays NaN: ``Preprocessing`` imputes
     it with the training split's median, inside the model, so that every split, ``predict`` and
     the exports impute alike.
     """
+    if rule == "error":
+        refuse(table.source, missing_problems(table, advice))
+        return table, np.arange(len(table)), 0
     features = table.missing()
     label = np.zeros(len(table), dtype=bool) if table.labels is None else is_missing(table.labels)
-    if rule == "error":
-        missing = np.column_stack([features, label])
-        if missing.any():
-            row, column = np.argwhere(missing)[0]
-            name = [*table.numeric_names, *table.categorical_names, table.label_name][column]
-            rows = np.count_nonzero(missing.any(axis=1))
-            raise DataError(
-                f"{table.where(row, name)}: it is missing ({such(int(missing.sum()), 'value')} in {rows} "
-                f"row{'s' if rows > 1 else ''}); {advice}"
-            )
-        return table, np.arange(len(table)), 0
     dropped = (label | features.any(axis=1)) if rule == "drop" else label
     kept = np.flatnonzero(~dropped)
     if len(table) and not len(kept):
