@@ -307,7 +307,7 @@ class SupervisedModule(LightningModule):
 def check_task(model_class: type, task: str) -> None:
     """Refuse data whose labels are of another task than the model's, saying how to switch."""
     if getattr(model_class, "task", task) != task:
-        model, other = ("Regressor", "classification") if task == "regression" else ("Classifier", "regression")
+        model, other = {"regression": ("Regressor", "classification")}.get(task, ("Classifier", "regression"))
         raise ConfigError(
             f"the data's task is {task} (data.init_args.task) but the model is a {model_class.__name__}: "
             f"add --config configs/model/{model.lower()}.yaml to train a {model}, or set "

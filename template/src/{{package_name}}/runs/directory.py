@@ -7,7 +7,9 @@ The rules, in one place:
   continues there. A command that fails before its run saved a checkpoint (on a setting, the
   data, an error in the first steps) removes the directories it made, so the same command can be
   run again at once.
-- ``--ckpt_path last`` is the newest ``last.ckpt`` of the named run, or of any run.
+- ``--ckpt_path last`` is the newest ``last.ckpt`` of the named run, or of any run: the run's
+  latest state, to resume from. ``--ckpt_path best`` is the checkpoint that run kept by its
+  monitored validation metric: the one to test, predict with and export.
 - The process that trains in a directory holds its lock (the file ``.lock``, naming the
   process), so two processes never train in one run at once. The operating system releases
   the lock when the process ends, however it ends, so a killed run leaves none behind.
@@ -49,12 +51,14 @@ def run_of(checkpoint: Path, runs_dir: Path) -> str | None:
     return checkpoint.parent.name if checkpoint.resolve().parent.parent == runs_dir.resolve() else None
 
 
-def latest_checkpoint(runs_dir: Path, run_name: str | None) -> Path:
-    """The newest ``last.ckpt`` of the run ``run_name``, or of any run in ``runs_dir``."""
+def latest_checkpoint(runs_dir: Path, run_name: str | None, asked: str = "last") -> Path:
+    """The newest ``last.ckpt`` of the run ``run_name``, or of any run in ``runs_dir``, for
+    ``--ckpt_path {asked}``."""
     pattern = f"{run_name or '*'}/{LAST_CHECKPOINT}"
     found = sorted(runs_dir.glob(pattern), key=lambda path: path.stat().st_mtime)
     if not found:
-        raise RunDirectoryError(f"--ckpt_path last: no {runs_dir / pattern} to resume from")
+        purpose = "to resume from" if asked == "last" else "naming the run's best checkpoint"
+        raise RunDirectoryError(f"--ckpt_path {asked}: no {runs_dir / pattern} {purpose}")
     return found[-1]
 
 

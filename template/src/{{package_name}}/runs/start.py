@@ -13,7 +13,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_only
 
 from ..errors import UsageError
-from ..utils.monitor import kept_by
+from ..utils.monitor import best_of, kept_by
 from . import directory
 from .checkpoints import read_checkpoint
 
@@ -47,14 +47,18 @@ def resume_command(words: list[str], run_name: str) -> str:
 
 
 def check_checkpoint(config: Namespace, subcommand: str) -> dict[str, Any]:
-    """Resolve ``--ckpt_path last``, read the checkpoint (memory-mapped) once for the other checks,
-    and refuse one that cannot serve this run. The checkpoint read, or an empty dict for none."""
+    """Resolve ``--ckpt_path last`` and ``best``, read the checkpoint (memory-mapped) once for the
+    other checks, and refuse one that cannot serve this run. The checkpoint read, or an empty dict
+    for none."""
     if config.ckpt_path is None:
         if subcommand != "fit" and not config.weights:
             raise UsageError(f"{subcommand} needs --ckpt_path, the checkpoint of a trained run")
         return {}
-    if config.ckpt_path == "last":
-        config.ckpt_path = str(directory.latest_checkpoint(Path(config.runs_dir), config.run_name))
+    if config.ckpt_path == "best" and subcommand == "fit":
+        raise UsageError("fit --ckpt_path best: a run continues from its latest state, --ckpt_path last")
+    if config.ckpt_path in ("last", "best"):
+        last = directory.latest_checkpoint(Path(config.runs_dir), config.run_name, config.ckpt_path)
+        config.ckpt_path = str(last if config.ckpt_path == "last" else best_checkpoint(last))
     try:
         checkpoint = read_checkpoint(config.ckpt_path)
     except (FileNotFoundError, ValueError) as error:
@@ -68,6 +72,20 @@ def check_checkpoint(config: Namespace, subcommand: str) -> dict[str, Any]:
         _check_same_model(config, checkpoint)
         _keep_the_runs_monitor(config, checkpoint)
     return checkpoint
+
+
+def best_checkpoint(last: Path) -> Path:
+    """The checkpoint that the run of ``last`` kept by its monitored metric, in the run's directory."""
+    best = best_of(read_checkpoint(last))
+    if best is None:
+        raise UsageError(
+            f"--ckpt_path best: the run of {last} kept no best checkpoint (no checkpoint.monitor, or "
+            "no validation yet); evaluate its latest state with --ckpt_path last"
+        )
+    found = last.parent / Path(best).name  # where the run is now, if it has moved
+    if not found.is_file():
+        raise UsageError(f"--ckpt_path best: no {found}, the best checkpoint {last} names")
+    return found
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -68,3 +68,12 @@ def kept_by(checkpoint: dict[str, Any]) -> tuple[str, str | None] | None:
             mode = re.search(r"'mode': '(\w+)'", key)
             return state["monitor"], mode[1] if mode else None
     return None
+
+
+def best_of(checkpoint: dict[str, Any]) -> str | None:
+    """The path of the best checkpoint that the run which saved ``checkpoint`` had kept so far;
+    None when it kept none."""
+    for key, state in checkpoint.get("callbacks", {}).items():
+        if key.startswith("ModelCheckpoint") and isinstance(state, dict) and state.get("best_model_path"):
+            return state["best_model_path"]
+    return None
