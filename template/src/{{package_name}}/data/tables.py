@@ -239,7 +239,7 @@ def _text_problems(path: Path, name: str, column: np.ndarray) -> list[str]:
     distinct = np.unique(present)
     dates = sum(bool(DATE.fullmatch(value)) for value in distinct)
     if len(distinct) and dates >= MOSTLY_DATES * len(distinct):
-        shown = ", ".join(repr(value) for value in distinct[:2])
+        shown = ", ".join(repr(value) for value in present[:2])  # as the file has them
         return [
             f"{path}, column {name!r}: dates or times ({shown}, ...) are neither numbers nor categories; "
             "leave the column out with data.init_args.drop_columns, or write the parts that matter "
