@@ -189,7 +189,7 @@ TASK_PARTS = {
     "user_path+resume+sweep+scripts+own_data": ("user_path", "resume", "sweep", "scripts", "own_data"),
     "files": ("refused_inputs", "training", "reports", "report_script", "config", "data", "errors", "export"),
 }
-TASK_PARTS["files"] += ("smoke", "lint", "loggers", "best_checkpoint", "serve")
+TASK_PARTS["files"] += ("smoke", "lint", "loggers", "best_checkpoint", "serve", "outside_data", "guide")
 # Tests of those files whose subject is the same in both tasks: torch.compile, DDP launched by
 # Lightning's other two launchers (the ddp_cpu.yaml preset runs in both), the signals and save
 # points of a resume other than a SIGKILL mid-epoch (which runs in both, on the user's path and not),
