@@ -366,23 +366,16 @@ def numeric_problems(table: Table) -> list[str]:
 
 
 def missing_problems(table: Table, advice: str) -> list[str]:
-    """Where features or labels are missing, with ``advice``: one message for the table's first
-    missing value, or one for each column's first if several columns have them."""
+    """The table's first missing feature or label, counting the others, with ``advice``; none if
+    nothing is missing."""
     label = np.zeros(len(table), dtype=bool) if table.labels is None else is_missing(table.labels)
     missing = np.column_stack([table.missing(), label])
     names = [*table.numeric_names, *table.categorical_names, table.label_name]
-    columns = np.flatnonzero(missing.any(axis=0))
-    if len(columns) <= 1:
-        rows = np.count_nonzero(missing.any(axis=1))
-        return [
-            f"{table.where(row, names[column])}: it is missing ({such(int(missing.sum()), 'value')} in "
-            f"{rows} row{'s' if rows > 1 else ''}); {advice}"
-            for row, column in np.argwhere(missing)[:1]
-        ]
+    rows = np.count_nonzero(missing.any(axis=1))
     return [
-        f"{table.where(np.flatnonzero(missing[:, column])[0], names[column])}: it is missing "
-        f"({such(int(missing[:, column].sum()), 'value')} in the column); {advice}"
-        for column in columns
+        f"{table.where(row, names[column])}: it is missing ({such(int(missing.sum()), 'value')} in "
+        f"{rows} row{'s' if rows > 1 else ''}); {advice}"
+        for row, column in np.argwhere(missing)[:1]
     ]
 
 
@@ -433,8 +426,7 @@ def treat_missing(table: Table, rule: str, advice: str) -> tuple[Table, np.ndarr
     """The table with its missing values treated by ``rule``, the rows to keep, and the number of
     values imputed.
 
-    ``error`` refuses missing features and labels, naming the first (of each column, if several
-    columns have them), with ``advice``; ``drop`` keeps the rows
+    ``error`` refuses the first missing feature or label, with ``advice``; ``drop`` keeps the rows
     where nothing is missing; ``impute`` keeps the rows that have a label, and makes a missing text
     value the category ``MISSING_CATEGORY``. A missing number stays NaN: ``Preprocessing`` imputes
     it with the training split's median, inside the model, so that every split, ``predict`` and
