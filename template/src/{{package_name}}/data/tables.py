@@ -192,7 +192,7 @@ def _read_csv(
             for i, name in enumerate(header)
             if name != label_column and name not in dropped and (only is None or name in only)
         ]
-        if not features:
+        if not features and only is None:  # a file to predict is told the columns it lacks
             raise DataError(f"{path} has no feature columns besides {label_column!r}")
         label = header.index(label_column) if label_column in header else None
         counts, present = text.sum(axis=0), (~np.isnan(numbers) | text).sum(axis=0)
@@ -348,18 +348,21 @@ def check_numeric(table: Table) -> None:
 
 
 def numeric_problems(table: Table) -> list[str]:
-    """For each numeric feature with a value that is infinite or too large to train on in float32,
-    a message naming the first."""
+    """A message naming the first numeric feature that is infinite or too large to train on in
+    float32: of each such column of a CSV file, or of the whole array of an array file."""
     flat = table.numeric.reshape(len(table), -1)
     bad = np.isinf(flat) | (np.abs(np.nan_to_num(flat)) > LARGEST_VALUE)
+    groups = [[column] for column in np.flatnonzero(bad.any(axis=0))]
+    if table.source.suffix != ".csv" and groups:
+        groups = [[column for [column] in groups]]
     problems = []
-    for column in np.flatnonzero(bad.any(axis=0)):
-        row = np.flatnonzero(bad[:, column])[0]
-        value = flat[row, column]
+    for columns in groups:
+        row, column = np.argwhere(bad[:, columns])[0]
+        value = flat[row, columns[column]]
         problem = "is not a finite number" if np.isinf(value) else f"is beyond ±{LARGEST_VALUE:.0e}"
         problems.append(
-            f"{table.where(row, table.numeric_names[column])}: {value:g} {problem}; "
-            f"{such(int(bad[:, column].sum()), 'value')}, which cannot be trained on in float32 (a "
+            f"{table.where(row, table.numeric_names[columns[column]])}: {value:g} {problem}; "
+            f"{such(int(bad[:, columns].sum()), 'value')}, which cannot be trained on in float32 (a "
             "placeholder for a missing value?); fill or drop them"
         )
     return problems
