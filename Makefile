@@ -6,6 +6,8 @@
 # make bench-backbone: set up, then time the backbone's training on the CPU at 224, by num_workers.
 # make bench-streaming: set up, then measure LitData shards: peak memory against a CSV's size, and
 #   throughput against the same images as files.
+# make bench-startup: set up, then time fit, test, predict and export on a tiny run, start-up
+#   included, against `python -c "import lightning"` in the same rounds.
 # make docs: build the documentation site into site/ (any warning fails).
 # make release-check: fail if copier.yml, template/ or migrations/ changed since the newest release
 #   (users would not get the change); make test-fast only warns of it.
@@ -20,7 +22,7 @@ TORCH ?= torch==2.14.1 torchvision==0.29.1
 # Test processes: a generated project's training uses about one core, so two fill this machine's two.
 WORKERS ?= 2
 
-.PHONY: setup test test-fast release-check demo docs bench bench-serve bench-finetune bench-backbone bench-streaming lint tags clean
+.PHONY: setup test test-fast release-check demo docs bench bench-serve bench-finetune bench-backbone bench-streaming bench-startup lint tags clean
 
 setup: $(VENV)/.installed
 
@@ -71,6 +73,9 @@ bench-streaming: setup
 	$(BIN)/copier copy --quiet --defaults --trust --vcs-ref=HEAD --data project_name="Bench Streaming" . /tmp/bench-streaming
 	cd /tmp/bench-streaming && PYTHONPATH=src $(CURDIR)/$(BIN)/python $(CURDIR)/bench/streaming.py \
 		--package bench_streaming --mb 300
+
+bench-startup: setup
+	$(BIN)/python bench/startup.py
 
 lint: setup
 	$(BIN)/ruff check tests migrations

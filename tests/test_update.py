@@ -389,8 +389,10 @@ OWNED_FILES = {
         "configs/experiment/*.yaml": ["configs/experiment/large_batch.yaml"],
         "configs/model/*.yaml": [
             "configs/model/backbone.yaml",
+            "configs/model/classifier.yaml",
             "configs/model/cnn.yaml",
             "configs/model/mlp_wide.yaml",
+            "configs/model/regressor.yaml",
         ],
         "configs/data/digits.yaml": ["configs/data/digits.yaml"],
     },

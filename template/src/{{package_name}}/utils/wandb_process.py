@@ -7,6 +7,7 @@ given; when the input ends without one (the training process failed or was kille
 the run as failed. Run as a script, so that it imports wandb and nothing of the project, torch or Lightning.
 """
 
+import gc
 import json
 import os
 import signal
@@ -22,7 +23,13 @@ def main() -> None:
     # in its own time, and its end (the end of this input) ends the run here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Imported with the garbage collector off, and what it made frozen (as ``__main__.py`` does):
+    # the command waits for this process to end, and its end is then 0.2 s shorter.
+    gc.disable()
     import wandb
+
+    gc.freeze()
+    gc.enable()
 
     wandb.setup()  # starts wandb's service, while the training process gets ready
     init = json.loads(sys.stdin.readline() or '{"kind": "finish"}')
