@@ -171,7 +171,10 @@ def main() -> None:
         ),
     )
     digits_config = yaml.safe_load((args.project / "configs" / "data" / "images.yaml").read_text())
-    digits_settings = digits_config["data"]["init_args"] | {"root": str(digits)}
+    # The preset's settings as the GUIDE trains the digits: at 16 pixels, unflipped; the workers swept.
+    digits_settings = digits_config["data"]["init_args"] | {"root": str(digits), "image_size": 16}
+    digits_settings |= {"flip": False}
+    digits_settings.pop("num_workers")
     setups = {
         "photos at 224": {"root": str(photos), "image_size": 224, "crop_scale": (0.08, 1.0), "flip": True},
         "digits at 16": digits_settings,
