@@ -17,6 +17,7 @@ module's ``missing`` says. In a column of numbers it is read as NaN.
 import csv
 import re
 import zipfile
+from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,6 +47,9 @@ REPORTED_PROBLEMS = 10
 # The delimiters a CSV file may have, told apart on its first characters.
 DELIMITERS = ",;\t|"
 SNIFFED_CHARACTERS = 65_536
+# A CSV file's header is refused past this length, before more of it is read: a file without line
+# breaks, or one that is not a CSV file, would otherwise be read whole as the header.
+HEADER_CHARACTERS = 1_000_000
 # A CSV file is converted to numbers this many rows at a time: its text is never all in memory.
 CHUNK_ROWS = 10_000
 
@@ -180,6 +184,8 @@ def _read_csv(
 ) -> tuple[Table, list[str]]:
     try:
         with path.open(newline="", encoding="utf-8-sig") as file:
+            _check_header_length(path, file)
+            file.seek(0)
             dialect = _dialect(file.read(SNIFFED_CHARACTERS))
             file.seek(0)
             header, numbers, text, row_numbers = _read_numbers(path, csv.reader(file, dialect))
@@ -253,6 +259,20 @@ def _text_problems(path: Path, name: str, column: np.ndarray) -> list[str]:
     return []
 
 
+def _check_header_length(path: Path, file) -> None:
+    """Refuse a header (the first line that is not blank) longer than ``HEADER_CHARACTERS``,
+    reading at most that much of it."""
+    # Two more characters than the limit hold a line of the limit's length and its line break.
+    for line in iter(lambda: file.readline(HEADER_CHARACTERS + 2), ""):
+        if len(line.rstrip("\r\n")) > HEADER_CHARACTERS:
+            raise DataError(
+                f"{path}: its header, the first line, is over {HEADER_CHARACTERS:,} characters; a CSV "
+                "file names its columns on its first line, then has one line per sample"
+            )
+        if line.rstrip("\r\n"):
+            return
+
+
 def _dialect(sample: str) -> type[csv.Dialect]:
     """The dialect of a CSV file that begins with ``sample``: its delimiter is the one of
     ``DELIMITERS`` that splits the first lines alike, or a comma where none does (one column)."""
@@ -273,9 +293,11 @@ def _read_numbers(path: Path, reader) -> tuple[list[str], np.ndarray, np.ndarray
             continue
         if header is None:
             header = [name.strip() for name in line]
-            repeated = sorted({name for name in header if header.count(name) > 1})
+            repeated = sorted(name for name, count in Counter(header).items() if count > 1)
             if repeated:
-                raise DataError(f"{path}: the header names the columns {repeated} more than once")
+                others = f" and {len(repeated) - 10} others" if len(repeated) > 10 else ""
+                shown = f"{repeated[:10]}{others}"
+                raise DataError(f"{path}: the header names the columns {shown} more than once")
             continue
         if len(line) != len(header):
             raise DataError(
