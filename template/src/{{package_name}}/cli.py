@@ -91,6 +91,7 @@ class CLI(LightningCLI):
             if subcommand:
                 if config.run_name is not None:
                     directory.check_name(config.run_name)
+                directory.check_runs_dir(Path(config.runs_dir))
                 self.checkpoint = start.check_checkpoint(config, subcommand)
 
     def _config(self, config: Any = None) -> Any:

@@ -11,8 +11,12 @@ The rules, in one place:
   latest state, to resume from. ``--ckpt_path best`` is the checkpoint that run kept by its
   monitored validation metric: the one to test, predict with and export.
 - The process that trains in a directory holds its lock (the file ``.lock``, naming the
-  process), so two processes never train in one run at once. The operating system releases
-  the lock when the process ends, however it ends, so a killed run leaves none behind.
+  process), so two processes never train in one run at once. The lock is taken before the
+  directory is looked at, so of two commands started together with one run name, the second is
+  told the first trains there, never that the directory is stale. The operating system releases
+  the lock when the process ends, however it ends, so a killed run leaves none behind. It is a
+  POSIX record lock (``lockf``), which belongs to the process alone: the loader workers it forked,
+  which may outlive it by seconds, do not hold it.
 """
 
 import fcntl
@@ -62,16 +66,45 @@ def latest_checkpoint(runs_dir: Path, run_name: str | None, asked: str = "last")
     return found[-1]
 
 
+def check_runs_dir(runs_dir: Path) -> None:
+    """Refuse a ``--runs_dir`` that is a file, or lies below one, before anything is made."""
+    for path in (runs_dir, *runs_dir.parents):
+        if path.exists() and not path.is_dir():
+            where = "is a file" if path == runs_dir else f"is below {path}, which is a file"
+            raise RunDirectoryError(f"--runs_dir={runs_dir} {where}, not a folder: choose a folder")
+
+
 def claim(run_dir: Path, resumed: bool) -> None:
-    """Refuse ``run_dir`` unless it is new or ``resumed``, then lock it for this process."""
-    if not resumed and run_dir.is_dir() and any(path.name != LOCK_FILE for path in run_dir.iterdir()):
-        last = run_dir / LAST_CHECKPOINT
-        held = "a run that saved no checkpoint"
-        if last.is_file():
-            held = f"a run: resume it with --ckpt_path {last}"
-        raise RunDirectoryError(f"{run_dir} already holds {held}; choose another --run_name, or delete it")
-    expect_new(run_dir)
-    _lock(run_dir)
+    """Refuse ``run_dir`` unless it is new or ``resumed``, then lock it for this process. A process
+    training there is named, whatever the directory holds."""
+    key = run_dir.resolve()
+    if key in _held:
+        return
+    if not resumed and _holds_a_run(run_dir):
+        if (run_dir / LOCK_FILE).is_file():
+            _lock(run_dir).close()  # refused, naming the process, if one trains there
+        _refuse_held(run_dir)
+    file = _lock(run_dir)
+    if not resumed and _holds_a_run(run_dir):  # a run made and ended there since the look above
+        file.close()
+        _refuse_held(run_dir)
+    file.seek(0)
+    file.truncate()
+    file.write(f"{os.getpid()}\n")
+    file.flush()
+    _held[key] = file
+
+
+def _holds_a_run(run_dir: Path) -> bool:
+    return run_dir.is_dir() and any(path.name != LOCK_FILE for path in run_dir.iterdir())
+
+
+def _refuse_held(run_dir: Path) -> None:
+    last = run_dir / LAST_CHECKPOINT
+    held = "a run that saved no checkpoint"
+    if last.is_file():
+        held = f"a run: resume it with --ckpt_path {last}"
+    raise RunDirectoryError(f"{run_dir} already holds {held}; choose another --run_name, or delete it")
 
 
 def expect_new(directory: Path) -> None:
@@ -105,15 +138,19 @@ def release(run_dir: Path) -> None:
         file.close()
 
 
-def _lock(run_dir: Path) -> None:
-    key = run_dir.resolve()
-    if key in _held:
-        return
-    run_dir.mkdir(parents=True, exist_ok=True)
+def _lock(run_dir: Path) -> IO[str]:
+    """The lock file of ``run_dir`` (made if new), locked for this process."""
+    if not run_dir.parent.exists():
+        _created_parents.add(run_dir.parent.resolve())
+    try:
+        run_dir.mkdir(parents=True)
+        made = True
+    except FileExistsError:
+        made = False
     file = (run_dir / LOCK_FILE).open("a+")
     try:
-        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        fcntl.lockf(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held by another process
         file.seek(0)
         holder = file.read().strip() or "another process"
         file.close()
@@ -121,11 +158,9 @@ def _lock(run_dir: Path) -> None:
             f"{run_dir} is in use by process {holder}, which is training in it; wait for it to end, "
             "or choose another --run_name"
         ) from None
-    file.seek(0)
-    file.truncate()
-    file.write(f"{os.getpid()}\n")
-    file.flush()
-    _held[key] = file
+    if made:  # removed if the start fails; a directory another process made is never removed here
+        _created.add(run_dir.resolve())
+    return file
 
 
 def wait_until_free(run_dir: Path, timeout_s: float = 120) -> None:
@@ -133,9 +168,9 @@ def wait_until_free(run_dir: Path, timeout_s: float = 120) -> None:
     lock = run_dir / LOCK_FILE
     deadline = time.monotonic() + timeout_s
     while lock.is_file() and time.monotonic() < deadline:
-        with lock.open() as file:
+        with lock.open("a") as file:  # lockf takes a file open for writing
             try:
-                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.lockf(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return
-            except BlockingIOError:
+            except OSError:
                 time.sleep(0.5)
