@@ -236,3 +236,42 @@ def test_a_wrong_password_or_database_is_one_line(server, project, tmp_path, cha
     assert len(output.splitlines()) == 1, output
     shown = sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)  # never the password
     assert output.startswith(f"error: {shown}: connection failed: ") and message in output, output
+
+
+def test_a_password_given_as_a_query_parameter_is_used_and_printed_nowhere(server, project, tmp_path):
+    sweep = _sweep_file(project, "query", trials=1)
+    url = server.url.replace(f":{PASSWORD}@", "@") + f"?password={PASSWORD}"
+    worker = _start(project, [str(sweep), "--storage", url, *FIT_ARGS], tmp_path / "worker.log")
+    status = _wait(worker)
+    output = (tmp_path / "worker.log").read_text()
+    assert status == 0, output[-3000:]
+    shown = url.replace(f"={PASSWORD}", "=***")
+    assert f"Study query ({shown}): " in output, output[-3000:]
+    assert PASSWORD not in output and "Traceback" not in output
+    [run] = [trial.user_attrs["run_name"] for trial in _study(server.url, "query").trials]
+    saved = [path for path in (project / "checkpoints" / run).rglob("*") if path.is_file()]
+    assert saved and not [path for path in saved if PASSWORD.encode() in path.read_bytes()]
+
+
+@pytest.mark.parametrize(
+    ("url", "line"),
+    [
+        (
+            "postgresql://{user}@127.0.0.1:{port}/sweeps?password=Wr0ngPass",
+            "error: postgresql://{user}@127.0.0.1:{port}/sweeps?password=***: connection failed: ",
+        ),
+        (
+            "postgresql://{user}:Hun@ter2@127.0.0.1:{port}/sweeps",
+            "error: postgresql://{user}:***@127.0.0.1:{port}/sweeps: failed to resolve host '***@127.0.0.1'",
+        ),
+    ],
+    ids=["query-password", "unescaped-at"],
+)
+def test_a_wrong_password_in_any_form_is_one_line_without_it(server, project, tmp_path, url, line):
+    sweep = _sweep_file(project, "wrong", trials=1)
+    url, line = (text.format(user=USER, port=server.port) for text in (url, line))
+    worker = _start(project, [str(sweep), "--storage", url, *FIT_ARGS], tmp_path / "worker.log")
+    assert _wait(worker, limit_s=120) == 1
+    output = (tmp_path / "worker.log").read_text().strip()
+    assert len(output.splitlines()) == 1 and output.startswith(line), output
+    assert not [secret for secret in ("Wr0ngPass", "Hun", "ter2") if secret in output], output

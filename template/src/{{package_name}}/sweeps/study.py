@@ -3,13 +3,16 @@ continued only with the same settings)."""
 
 import contextlib
 import functools
+import itertools
 import os
 import random
+import re
 import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, unquote_plus
 
 import optuna
 import sqlalchemy.exc
@@ -27,6 +30,10 @@ STORAGE_VARIABLE = "SWEEP_STORAGE"
 CREATE_TRIES = 5  # to open a database that other workers are setting up at the same moment
 # What a database that stopped answering raises: Optuna wraps SQLAlchemy's errors, but not all.
 LOST = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)
+# The query parameters of a database URL whose value is a secret, by a word in their name
+# (libpq's password and sslpassword, a driver's token or key): never printed, as the password.
+SECRET_WORDS = ("pass", "secret", "token", "key", "credential")
+MASK = "***"
 
 
 def storage_of(name: str, storage: str | None) -> str:
@@ -53,10 +60,11 @@ def open_storage(storage: str, sweep: dict[str, Any] | None = None) -> optuna.st
             return optuna.storages.RDBStorage(storage)
         return _beating(storage, sweep)
     except ImportError as error:
-        driver = error.__cause__ or error  # Optuna's message leaves out which module is missing
+        # Optuna's message leaves out which module is missing.
+        driver = masked(str(error.__cause__ or error), storage)
         raise SweepError(f"{printable(storage)}: its database driver is not installed ({driver})") from None
     except (OSError, ValueError, sqlalchemy.exc.SQLAlchemyError) as error:
-        raise SweepError(f"{printable(storage)}: {reason_of(error)}") from None
+        raise SweepError(f"{printable(storage)}: {reason_of(error, storage)}") from None
 
 
 def _beating(storage: str, sweep: dict[str, Any]) -> "Beating":
@@ -79,19 +87,74 @@ def _beating(storage: str, sweep: dict[str, Any]) -> "Beating":
 
 
 def printable(storage: str) -> str:
-    """The storage as printed: a database URL without its password."""
-    try:
-        return sqlalchemy.engine.make_url(storage).render_as_string(hide_password=True)
-    except sqlalchemy.exc.ArgumentError:  # a journal file
-        return storage
+    """The storage as printed: a database URL without its password or any secret it holds."""
+    return masked(storage, storage)
 
 
-def reason_of(error: BaseException) -> str:
-    """The first line of what the database said: SQLAlchemy's message spans lines, and Optuna
-    wraps it in its own."""
+def masked(text: str, storage: str) -> str:
+    """``text`` with every secret of ``storage`` in it replaced by ***: what is printed about a
+    storage passes here, since a driver's message may quote a part of the URL. A secret within a
+    word is left (a password ``a`` is not masked in ``database``): in a URL and in what a driver
+    quotes of it, a secret stands between delimiters (: @ = & / ' ")."""
+    secrets = secrets_of(storage)
+    if not secrets:
+        return text
+    alone = f"(?<![A-Za-z0-9])(?:{'|'.join(map(re.escape, secrets))})(?![A-Za-z0-9])"
+    return re.sub(alone, MASK, text)
+
+
+def secrets_of(storage: str) -> list[str]:
+    """What of a database URL is never printed, longest first: its user's password and the value of
+    each secret query parameter, as written and decoded. A password written with an unescaped @
+    (or a value with an unescaped &) is taken at every split the URL allows, and in pieces, since
+    the driver may then print one as part of the host's or an option's name."""
+    if "://" not in storage:
+        return []  # a journal file
+    rest = storage.partition("://")[2]
+    found = set()
+    with contextlib.suppress(sqlalchemy.exc.ArgumentError, ValueError):
+        url = sqlalchemy.engine.make_url(storage)  # the password as the driver gets it
+        found.add(url.password or "")
+        for key, value in url.query.items():
+            if _secret(key):
+                found.update([value] if isinstance(value, str) else value)
+    user = re.match(r"[^:/@?]*:", rest)  # user:password@...; not host:port/...
+    if user:
+        found.update(_at_splits(rest[user.end() :]))
+    parts = rest.partition("?")[2].split("&")
+    for index, part in enumerate(parts):
+        key, _, value = part.partition("=")
+        if _secret(key):
+            # The value, and the parts after it that are no key=value: of the value, unescaped.
+            more = itertools.takewhile(lambda part: "=" not in part, parts[index + 1 :])
+            for piece in itertools.accumulate([value, *more], lambda joined, part: f"{joined}&{part}"):
+                found.update([piece, *piece.split("&"), *piece.split("@")])
+    found |= {unquote(secret) for secret in found} | {unquote_plus(secret) for secret in found}
+    return sorted(found - {"", MASK}, key=len, reverse=True)
+
+
+def _secret(key: str) -> bool:
+    return any(word in key.lower() for word in SECRET_WORDS)
+
+
+def _at_splits(after_user: str) -> set[str]:
+    """The passwords ``user:`` may be followed by: up to each @ of the URL's authority, and their
+    pieces between the @s."""
+    found, password = set(), ""
+    for piece in after_user.split("@")[:-1]:
+        if "/" in piece or "?" in piece:  # past the host: the path or the query
+            break
+        password = f"{password}@{piece}" if password else piece
+        found |= {password, piece}
+    return found
+
+
+def reason_of(error: BaseException, storage: str) -> str:
+    """The first line of what the database said about ``storage``, without its secrets:
+    SQLAlchemy's message spans lines, and Optuna wraps it in its own."""
     cause = error.__cause__ if isinstance(error, optuna.exceptions.StorageInternalError) else error
     reason = getattr(cause, "orig", None) or cause or error
-    return str(reason).strip().splitlines()[0]
+    return masked(str(reason).strip().splitlines()[0], storage)
 
 
 class Beating(optuna.storages.RDBStorage):

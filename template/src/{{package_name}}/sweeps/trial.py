@@ -69,7 +69,8 @@ class SweepTrial(Callback):
                     study_name=self._where["study_name"], storage=storage, pruner=self._pruner
                 )
             except LOST as error:
-                raise ConfigError(f"the sweep's storage does not answer: {reason_of(error)}") from None
+                reason = reason_of(error, self._where["storage"])
+                raise ConfigError(f"the sweep's storage does not answer: {reason}") from None
             self._trial = optuna.Trial(study, self._trial_id)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -83,7 +84,8 @@ class SweepTrial(Callback):
             except LOST as error:
                 # Stop as SIGTERM stops a fit, saving last.ckpt: the worker tries the trial again,
                 # or, having lost the storage too, ends, and the sweep run again resumes it.
-                print(f"\nerror: the sweep's storage stopped answering: {reason_of(error)}", file=sys.stderr)
+                reason = reason_of(error, self._where["storage"])
+                print(f"\nerror: the sweep's storage stopped answering: {reason}", file=sys.stderr)
                 self._trial = None
                 os.kill(os.getpid(), signal.SIGTERM)
             # A trial at its last epoch has finished: pruning it would only lose its value.
