@@ -1,5 +1,6 @@
 """The progress bar: Lightning's tqdm one, redrawn a few times a second however short the batches."""
 
+import contextlib
 import time
 
 from lightning.pytorch import LightningModule, Trainer
@@ -42,3 +43,12 @@ class ProgressBar(TQDMProgressBar):
             self.train_progress_bar.set_postfix(metrics)
         if self._leave:
             self.train_progress_bar.close()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        # A bar is drawn without a line break; the error line the command ends with starts on a
+        # line of its own. The validation bar, drawn below the training bar, is cleared first.
+        for stage in ("val", "test", "predict", "train"):
+            with contextlib.suppress(TypeError):  # a bar not made in this run
+                bar = getattr(self, f"{stage}_progress_bar")
+                if not bar.disable:
+                    bar.close()
