@@ -30,18 +30,19 @@ def _as_list(value: Any) -> list[Any]:
 
 def callbacks(config: Namespace, trainer: Namespace, subcommand: str | None) -> list[Callback]:
     """The configured callbacks (``trainer``: the config's objects), then the project's own."""
+    # The bar before the out-of-memory report: on an error, it ends its line before the report prints.
+    bar = [ProgressBar()] if trainer.get("enable_progress_bar") is not False else []
     added = [
         StageTimer(),
         ExperimentRecord(RECORD_FILE, described(config)),
         *(callback() for stage, callback in SINGLE.items() if subcommand in (stage, None)),
+        *bar,
         OutOfMemoryReport(),
     ]
     if config.get("device_stats"):
         if not trainer.get("logger"):
             raise UsageError("device_stats needs a logger to write to; trainer.logger is off")
         added.append(DeviceStatsMonitor())
-    if trainer.get("enable_progress_bar") is not False:
-        added.append(ProgressBar())
     return [*_as_list(trainer.get("callbacks")), *added]
 
 
