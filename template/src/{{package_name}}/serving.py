@@ -37,12 +37,17 @@ from torch import Tensor
 
 from .data.images import ImageFolderDataModule, UnreadableImageError, decode_image
 from .data.preprocessing import encode_features
-from .data.tables import MISSING_CATEGORY, Table
+from .data.tables import MISSING_CATEGORY, Table, numeric_problems
 from .runs.checkpoints import load_trained, read_checkpoint
 from .utils.predictions import top_classes
 
 PACKAGE = __package__
 SERVER_PROCESS = os.getpid()
+# How deep a request's JSON may nest (``{"rows": [{...}]}`` is 3): a deeper one would exhaust the
+# recursion of what reads it after the check (LitServe's parser, the queues to its workers).
+DEEPEST_BODY = 32
+# The longest value quoted in a message.
+QUOTED_CHARACTERS = 80
 
 
 class RequestError(ValueError):
@@ -104,17 +109,26 @@ class Predictor:
                 raise RequestError(f"rows[{n}] has columns the model was not trained on: {_listed(extra)}")
             numbers[n] = [self._number(row[name], f"rows[{n}][{name!r}]") for name in self.numeric]
             text[n] = [self._text(row[name], f"rows[{n}][{name!r}]") for name in self.text]
-        table = Table(Path("request"), numbers, self.numeric, text.astype(str), self.text)
+        names = [f"rows[{n}]" for n in range(len(rows))]
+        table = Table(Path("request"), numbers, self.numeric, text.astype(str), self.text, rows=names)
+        # The check of a file's numbers: infinite ones and those float32 cannot train on or predict.
+        if problems := numeric_problems(table):
+            raise RequestError(problems[0])
         return encode_features(table, self.model.preprocess, "serve")
 
     def _number(self, value: Any, where: str) -> float:
-        if value is None and self.imputes:
+        """The number ``value`` is; NaN where missing, as ``NaN`` or null, for a model that imputes."""
+        missing = value is None or (isinstance(value, float) and math.isnan(value))  # a file's NaN too
+        if missing and self.imputes:
             return math.nan
-        if value is None:
+        if missing:
             raise RequestError(f"{where} is missing; this model was trained without missing values")
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise RequestError(f"{where} must be a number, got {json.dumps(value)}")
-        return float(value)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise RequestError(f"{where} must be a number, got {_quoted(value)}")
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond float64 is infinite, as a file's is read
+            return math.inf if value > 0 else -math.inf
 
     def _text(self, value: Any, where: str) -> str:
         if value is None and self.imputes:
@@ -122,7 +136,7 @@ class Predictor:
         if value is None:
             raise RequestError(f"{where} is missing; this model was trained without missing values")
         if isinstance(value, bool) or not isinstance(value, str | int):
-            raise RequestError(f"{where} must be text, got {json.dumps(value)}")
+            raise RequestError(f"{where} must be text, got {_quoted(value)}")
         return str(value)
 
     def predict(self, inputs: Tensor) -> Tensor:
@@ -145,9 +159,30 @@ def _listed(names: list[str], shown: int = 10) -> str:
     return f"{names[:shown]}" + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
+def _quoted(value: Any) -> str:
+    """A request's value as JSON, cut at ``QUOTED_CHARACTERS``."""
+    text = json.dumps(value)
+    return text if len(text) <= QUOTED_CHARACTERS else text[: QUOTED_CHARACTERS - 3] + "..."
+
+
+def _too_deep(body: Any) -> bool:
+    """Whether ``body`` nests arrays and objects more than ``DEEPEST_BODY`` deep, found level by
+    level (a recursive walk would fail on the bodies it is to find)."""
+    level = [body] if isinstance(body, list | dict) else []
+    for _ in range(DEEPEST_BODY):
+        level = [
+            item
+            for container in level
+            for item in (container.values() if isinstance(container, dict) else container)
+            if isinstance(item, list | dict)
+        ]
+    return bool(level)
+
+
 class CheckedBodies:
     """ASGI middleware before LitServe: a ``POST`` body over ``limit`` bytes is answered 413, and
-    one that is not JSON 400, each with ``{"error": ...}``, before it reaches a worker."""
+    one that is not JSON, or nests deeper than ``DEEPEST_BODY``, 400, each with ``{"error": ...}``,
+    before it reaches a worker."""
 
     def __init__(self, app: Any, limit: int) -> None:
         self.app, self.limit = app, limit
@@ -166,8 +201,12 @@ class CheckedBodies:
                 return await _answer(send, 413, f"the body is over {self.limit:,} bytes")
             more = message.get("more_body", False)
         body = b"".join(chunks)
+        deep = f"the body nests arrays and objects more than {DEEPEST_BODY} deep"
         try:
-            json.loads(body)
+            if _too_deep(json.loads(body)):
+                return await _answer(send, 400, deep)
+        except RecursionError:  # nested too deep for the parser itself
+            return await _answer(send, 400, deep)
         except ValueError as error:
             return await _answer(send, 400, f"the body is not JSON ({error})")
 
