@@ -20,6 +20,7 @@ workers as before. LitData is an optional dependency: ``pip install -e '.[stream
 """
 
 import io
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -37,6 +38,7 @@ from ..errors import ConfigError
 try:
     from litdata import StreamingDataLoader, StreamingDataset
     from litdata.streaming import Cache
+    from litdata.streaming.serializers import NoHeaderNumpySerializer
 except ImportError:  # an optional dependency: without it the module loads, and says what to install
     StreamingDataLoader = Cache = None
     StreamingDataset = object
@@ -241,6 +243,79 @@ def read_metadata(input_dir: str, cache_dir: str | None) -> dict[str, Any]:
     return torch.load(io.BytesIO(sample["metadata"]), weights_only=True)
 
 
+def check_shards(input_dir: str) -> None:
+    """Refuse local shards that are missing or damaged when the data module is built, before a run
+    starts, rather than in LitData's loader mid-run: each dataset's index.json is read and checked,
+    and each chunk it lists must be there, of its size, holding its number of samples."""
+    try:
+        formats = {name: _check_dataset(Path(input_dir), name) for name in ("metadata", *SPLITS)}
+        _check_formats(formats)
+    except DataError as damage:
+        raise DataError(
+            f"data.input_dir: {input_dir} holds damaged shards: {damage}; write them again with python "
+            "scripts/to_shards.py"
+        ) from None
+
+
+def _check_dataset(root: Path, name: str) -> Any:
+    """The chunks of one dataset, checked against its index.json; its data_format."""
+    index = root / name / "index.json"
+    if not index.is_file():
+        raise FileNotFoundError(
+            f"data.input_dir: {root} holds no LitData shards ({name}/index.json is missing); write them "
+            "with python scripts/to_shards.py"
+        )
+    try:
+        described = json.loads(index.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as error:  # not UTF-8 or not JSON; nested past Python's limit
+        raise DataError(f"{name}/index.json is not JSON ({error})") from None
+    chunks = described.get("chunks") if isinstance(described, dict) else None
+    config = described.get("config") if isinstance(described, dict) else None
+    if not (isinstance(chunks, list) and all(map(_is_chunk, chunks)) and isinstance(config, dict)):
+        raise DataError(f"{name}/index.json is not a LitData index (its chunks, then its config)")
+    for chunk in chunks:
+        where, path = f"{name}/{chunk['filename']}", root / name / chunk["filename"]
+        if not path.is_file():
+            raise DataError(f"{where}, listed in {name}/index.json, is missing")
+        size = path.stat().st_size
+        if size != chunk["chunk_bytes"]:
+            raise DataError(f"{where} is {size:,} bytes; {name}/index.json says {chunk['chunk_bytes']:,}")
+        with path.open("rb") as file:  # a chunk starts with its number of samples, then their offsets
+            count = int.from_bytes(file.read(4), "little")
+        if count != chunk["chunk_size"]:
+            says = chunk["chunk_size"]
+            raise DataError(f"{where} holds {count:,} samples by its header; {name}/index.json says {says:,}")
+    return config.get("data_format")
+
+
+def _is_chunk(chunk: Any) -> bool:
+    """Whether an entry of index.json's chunks is one LitData writes: a file in the dataset's folder,
+    of at least a header's 4 bytes, and its number of samples."""
+    if not (isinstance(chunk, dict) and isinstance(chunk.get("filename"), str)):
+        return False
+    name, size, count = chunk["filename"], chunk.get("chunk_bytes"), chunk.get("chunk_size")
+    numbers = all(
+        isinstance(value, int) and not isinstance(value, bool) and value >= 0 for value in (size, count)
+    )
+    return numbers and size >= 4 and name not in ("", "..") and Path(name).name == name
+
+
+def _check_formats(formats: dict[str, Any]) -> None:
+    """Each dataset's data_format (LitData's names of its fields' serializers) as to_shards.py
+    writes it: the metadata's bytes; and, alike in every split, an image's bytes or a table's
+    float32 features, then a class index or a target."""
+    features = NoHeaderNumpySerializer().serialize(np.zeros(0, np.float32))[1]
+    written = [[inputs, label] for inputs in ("bytes", features) for label in ("int", "float")]
+    for name, data_format in formats.items():
+        # The metadata holds bytes; train, any format to_shards.py writes; val and test, train's.
+        expected = {"metadata": [["bytes"]], "train": written}.get(name, [formats["train"]])
+        if data_format not in expected:
+            raise DataError(
+                f"{name}/index.json's data_format is {data_format}; to_shards.py writes "
+                f"{' or '.join(map(str, expected))}"
+            )
+
+
 def _join(input_dir: str, name: str) -> str:
     return f"{input_dir.rstrip('/')}/{name}"
 
@@ -286,13 +361,8 @@ class StreamingDataModule(SupervisedDataModule):
     ) -> None:
         super().__init__()
         require_litdata()
-        if "://" not in input_dir:
-            for name in ("metadata", *SPLITS):
-                if not (Path(input_dir) / name / "index.json").is_file():
-                    raise FileNotFoundError(
-                        f"data.input_dir: {input_dir} holds no LitData shards ({name}/index.json is "
-                        "missing); write them with python scripts/to_shards.py"
-                    )
+        if "://" not in input_dir:  # shards in object storage are read as LitData reads them
+            check_shards(input_dir)
         self.save_hyperparameters()
         for key, default in INPUT_DEFAULTS.items():
             if self.hparams.get(key) is None:
