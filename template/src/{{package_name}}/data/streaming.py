@@ -47,7 +47,16 @@ from .contract import SupervisedDataModule
 from .images import INPUT_DEFAULTS, ImageFolderDataModule, decode_image, default_workers, sample_seed
 from .preprocessing import Preprocessing, encode_features, encode_labels, fit
 from .splits import loader_seed, split_indices
-from .tables import CHUNK_ROWS, DataError, Table, check_numeric, class_labels, target_values, treat_missing
+from .tables import (
+    CHUNK_ROWS,
+    DataError,
+    Table,
+    check_header_length,
+    check_numeric,
+    class_labels,
+    target_values,
+    treat_missing,
+)
 
 SPLITS = ("train", "val", "test")
 # LitData's shard files: large enough to be read in few requests from object storage.
@@ -192,6 +201,8 @@ def _read_chunks(path: Path, label_column: str, features: bool = True) -> Iterat
     with the index of its first row; refuses a feature column of text."""
     if not path.is_file():
         raise FileNotFoundError(f"no such file {path}")
+    with path.open(newline="", encoding="utf-8-sig") as file:
+        check_header_length(path, file)  # pandas would read a header without a line break whole
     header = list(pd.read_csv(path, nrows=0).columns)
     if label_column not in header:
         raise DataError(f"{path} has no column {label_column!r}; its columns are {header}")

@@ -184,7 +184,7 @@ def _read_csv(
 ) -> tuple[Table, list[str]]:
     try:
         with path.open(newline="", encoding="utf-8-sig") as file:
-            _check_header_length(path, file)
+            check_header_length(path, file)
             file.seek(0)
             dialect = _dialect(file.read(SNIFFED_CHARACTERS))
             file.seek(0)
@@ -259,7 +259,7 @@ def _text_problems(path: Path, name: str, column: np.ndarray) -> list[str]:
     return []
 
 
-def _check_header_length(path: Path, file) -> None:
+def check_header_length(path: Path, file) -> None:
     """Refuse a header (the first line that is not blank) longer than ``HEADER_CHARACTERS``,
     reading at most that much of it."""
     # Two more characters than the limit hold a line of the limit's length and its line break.
