@@ -121,19 +121,12 @@ class Backbone(nn.Module):
     def load_body(self, path: Path) -> None:
         """Every weight but the head's from ``path``, refusing a file that does not fit with a line
         naming the first weight at fault."""
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            state = load_file(path) if path.is_file() else None
-        else:
-            try:
-                state = read_checkpoint(path)
-            except FileNotFoundError:
-                state = None
-            except ValueError as error:
-                raise ConfigError(f"{KEY}.weights: {error}") from None
-        if state is None:
-            raise ConfigError(f"{KEY}.weights: no such file {path}")
+        try:
+            state = read_checkpoint(path)
+        except FileNotFoundError:
+            raise ConfigError(f"{KEY}.weights: no such file {path}") from None
+        except ValueError as error:
+            raise ConfigError(f"{KEY}.weights: {error}") from None
         state = state.get("state_dict", state.get("model", state))
         for prefix in PREFIXES:
             if any(key.startswith(prefix) for key in state):

@@ -10,6 +10,7 @@
 import contextlib
 import errno
 import importlib
+import importlib.util
 import os
 import random
 import re
@@ -297,10 +298,17 @@ class LastCheckpoint(Checkpoint):
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint file on the CPU, tensors only (no code runs), with errors naming the file."""
+    """Load a checkpoint or weights file on the CPU, tensors only (no code runs), with errors naming
+    the file: ``torch.save``'s format, or safetensors' for a file named ``*.safetensors``."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder, not a file")
     if not path.is_file():
         raise FileNotFoundError(f"no such checkpoint {path}")
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path} is empty")
+    if path.suffix == ".safetensors":
+        return _read_safetensors(path)
     archive = zipfile.is_zipfile(path)  # torch.save's format; older files are read whole
     try:
         if archive:
@@ -309,23 +317,57 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         if archive:
             _check_record_sizes(path, checkpoint)
     except Exception as error:
-        # torch's own message can span many lines, with terminal colour codes: its first line.
-        reason = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()[0]
         raise ValueError(
             f"{path} is not a readable checkpoint (corrupt, truncated, or a pickled object, which "
-            f"weights-only loading refuses to run): {reason}"
+            f"weights-only loading refuses to run): {_first_line(error)}"
         ) from None
     if not isinstance(checkpoint, dict):
         raise ValueError(f"{path} holds a {type(checkpoint).__name__}, not a checkpoint or state_dict")
     return checkpoint
 
 
+def _first_line(error: Exception) -> str:
+    """An error's first line, without terminal colour codes (torch's messages can span many lines
+    and have them); an error without a message, as the ``EOFError`` of a file cut short, by its type."""
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()
+    if lines:
+        return lines[0]
+    return "it ends too soon (EOFError)" if isinstance(error, EOFError) else type(error).__name__
+
+
+def _read_safetensors(path: Path) -> dict[str, Any]:
+    """A safetensors file's tensors: a format of tensors alone, which holds no code to refuse."""
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise ValueError(
+            f"{path} is a safetensors file; reading it needs safetensors: pip install safetensors"
+        ) from None
+    try:
+        return load_file(path)
+    except Exception as error:
+        raise ValueError(
+            f"{path} is not a readable safetensors file (corrupt or truncated): {_first_line(error)}"
+        ) from None
+
+
 def _check_archive(path: Path) -> None:
-    """Check every record of a zip-format checkpoint against its checksum, after refusing one that
-    would inflate to more than it holds (torch.save stores records uncompressed)."""
+    """Check every record of a zip-format checkpoint against its checksum, after refusing one cut
+    short and one that would inflate to more than it holds (torch.save stores records uncompressed)."""
+    size = path.stat().st_size
     with zipfile.ZipFile(path) as archive:
-        inflated = sum(record.file_size for record in archive.infolist())
-        if inflated > path.stat().st_size + 2**20:
+        records = archive.infolist()
+        # A file cut short at its start, or in its middle, keeps the directory at its end, which
+        # then places records before the file's start; reading them fails with "Invalid argument".
+        outside = [
+            record for record in records if not 0 <= record.header_offset <= size - record.compress_size
+        ]
+        if outside:
+            raise ValueError(
+                f"it is truncated: {len(outside)} of its {len(records)} records lie outside the file"
+            )
+        inflated = sum(record.file_size for record in records)
+        if inflated > size + 2**20:
             raise ValueError(f"its records would inflate to {inflated} bytes; torch.save compresses none")
         broken = archive.testzip()
     if broken is not None:
@@ -364,12 +406,31 @@ def _check_record_sizes(path: Path, checkpoint: Any) -> None:
         )
 
 
+def check_made_here(checkpoint: dict[str, Any], path: str | Path) -> None:
+    """Refuse a Lightning checkpoint of another project: one whose model or data class is in a
+    package not installed here. Found without importing anything: the command line would fail to
+    import the class, over many lines, and Lightning's loader refuses a class not imported."""
+    package = __package__.rpartition(".")[0]
+    for key, kind in (("hyper_parameters", "model"), ("datamodule_hyper_parameters", "data")):
+        hyper_parameters = checkpoint.get(key)
+        class_path = hyper_parameters.get("_class_path") if isinstance(hyper_parameters, dict) else None
+        if not isinstance(class_path, str) or not class_path:
+            continue
+        top = class_path.partition(".")[0]
+        if top != package and (not top.isidentifier() or importlib.util.find_spec(top) is None):
+            raise ValueError(
+                f"{path} was made by another project, {top} (its {kind} is {class_path}), which is not "
+                "installed here: use it in that project"
+            )
+
+
 def load_trained(path: str | Path) -> tuple[LightningModule, LightningDataModule]:
     """A checkpoint's model, in eval mode on the CPU, and its data module, built from the settings
     it was trained with (no data is read until its ``setup``)."""
     checkpoint = read_checkpoint(path)
     if "pytorch-lightning_version" not in checkpoint:
         raise ValueError(f"{path} is not a Lightning checkpoint; a state_dict lacks the model config")
+    check_made_here(checkpoint, path)
     package = __package__.rpartition(".")[0]
     for hyper_parameters in ("hyper_parameters", "datamodule_hyper_parameters"):
         class_path = checkpoint.get(hyper_parameters, {}).get("_class_path", "")

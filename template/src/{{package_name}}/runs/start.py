@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from ..errors import UsageError
 from ..utils.monitor import best_of, kept_by
 from . import directory
-from .checkpoints import read_checkpoint
+from .checkpoints import check_made_here, read_checkpoint
 
 PACKAGE = __package__.rpartition(".")[0]
 TRACKING_LOGGER = f"{PACKAGE}.utils.tracking.WandbLogger"
@@ -61,6 +61,7 @@ def check_checkpoint(config: Namespace, subcommand: str) -> dict[str, Any]:
         config.ckpt_path = str(last if config.ckpt_path == "last" else best_checkpoint(last))
     try:
         checkpoint = read_checkpoint(config.ckpt_path)
+        check_made_here(checkpoint, config.ckpt_path)  # before LightningCLI imports its classes
     except (FileNotFoundError, ValueError) as error:
         raise UsageError(f"--ckpt_path: {error}") from error
     if "pytorch-lightning_version" not in checkpoint:
@@ -76,7 +77,10 @@ def check_checkpoint(config: Namespace, subcommand: str) -> dict[str, Any]:
 
 def best_checkpoint(last: Path) -> Path:
     """The checkpoint that the run of ``last`` kept by its monitored metric, in the run's directory."""
-    best = best_of(read_checkpoint(last))
+    try:
+        best = best_of(read_checkpoint(last))
+    except ValueError as error:
+        raise UsageError(f"--ckpt_path best: {error}") from error
     if best is None:
         raise UsageError(
             f"--ckpt_path best: the run of {last} kept no best checkpoint (no checkpoint.monitor, or "
