@@ -34,7 +34,7 @@ from .runs.interrupts import end_with_parent, received_signal
 from .runs.record import ExperimentRecord
 from .runs.summary import evaluation_summary, failure_line, fit_summary, predict_summary
 from .utils import PredictionWriter
-from .utils.console import is_verbose, quiet, take_verbose
+from .utils.console import is_verbose, quiet, quiet_evaluation, take_verbose
 from .utils.tracking import WandbLogger, end_tracking
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -117,6 +117,8 @@ class CLI(LightningCLI):
         start.point_outputs(config, run_dir, resumed, self.checkpoint, self.subcommand)
         if not is_verbose():
             settings.leave_out_tables(config)
+            if self.subcommand in ("validate", "test", "predict"):
+                quiet_evaluation()
         self.save_config_kwargs = {
             "config_filename": f"config-resumed-{start.start_time()}.yaml" if resumed else "config.yaml",
             "overwrite": self.subcommand != "fit",
@@ -171,6 +173,7 @@ class CLI(LightningCLI):
     def before_fit(self) -> None:
         # Checked before DDP starts its other processes, each of which would print the line too.
         settings.check_unused_parameters(self.model, self.trainer)
+        settings.clip_only_automatic(self.model, self.trainer)
         # wandb's start-up goes on beside the fit's own: under DDP, while the other processes start.
         for logger in self.trainer.loggers:
             if isinstance(logger, WandbLogger):

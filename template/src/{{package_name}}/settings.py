@@ -7,6 +7,7 @@ import importlib
 import inspect
 import itertools
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,21 @@ class Parser(LightningArgumentParser):
 def refuse_options(config: Namespace) -> None:
     for option, instead in REFUSED_OPTIONS.items():
         if config.get(option) is not None:
-            raise UsageError(f"--{option} is not used by this project: {instead}")
+            raise UsageError(f"--{option} is not used by this project: {_advice(config, instead)}")
+
+
+def _advice(config: Namespace, shipped: str) -> str:
+    """What to do instead of LightningCLI's optimizer options: ``shipped`` for the project's models,
+    which take their optimizer and schedule as arguments; for a module of one's own, its own way."""
+    class_path = (config.get("model") or Namespace()).get("class_path")
+    model = class_at(class_path) if isinstance(class_path, str) else None
+    if not isinstance(model, type) or {"optimizer", "schedule"} & inspect.signature(model).parameters.keys():
+        return shipped
+    name = model.__name__
+    return (
+        f"{name} builds its optimizer and schedule in its configure_optimizers; give their settings as "
+        f"arguments of {name}, set with model.init_args"
+    )
 
 
 def check_config_words(words: list[str], package: str, subcommands: tuple[str, ...]) -> None:
@@ -212,6 +227,24 @@ def check_unused_parameters(model: Any, trainer: Any) -> None:
             "trainer.strategy.init_args.find_unused_parameters=true, or "
             "trainer.strategy=ddp_find_unused_parameters_true"
         )
+
+
+def clip_only_automatic(model: Any, trainer: Any) -> None:
+    """Leave gradient clipping to a module that optimizes by hand. Lightning clips for automatic
+    optimization only, and refuses to start such a module with ``trainer.gradient_clip_val`` set,
+    which configs/default.yaml sets for every run: the setting is dropped, and that said once."""
+    if model.automatic_optimization or not trainer.gradient_clip_val:
+        return
+    if trainer.is_global_zero:
+        name = type(model).__name__
+        print(
+            f"warning: {name} optimizes by hand (automatic_optimization = False), so "
+            f"trainer.gradient_clip_val={trainer.gradient_clip_val} (configs/default.yaml) is not applied: "
+            "clip in its training_step with self.clip_gradients, and set trainer.gradient_clip_val: null in "
+            "its config to leave out this line",
+            file=sys.stderr,
+        )
+    trainer.gradient_clip_val = None
 
 
 def start_from_checkpoint(config: Namespace) -> None:

@@ -69,3 +69,10 @@ def quiet() -> None:
         for package in ("lightning.pytorch", "lightning.fabric"):
             logging.getLogger(f"{package}.utilities.{name}").addFilter(shown)
     logging.getLogger("lightning.pytorch.accelerators.cuda").addFilter(shown)
+
+
+def quiet_evaluation() -> None:
+    """Leave out, for a test, validate or predict, Lightning's warning that the checkpoint holds the
+    state of callbacks this run lacks (a best checkpoint kept by another metric than this run's
+    checkpoint.monitor): those commands restore no callback's state, so nothing is lost."""
+    warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks used to")
