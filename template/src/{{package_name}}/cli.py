@@ -86,6 +86,7 @@ class CLI(LightningCLI):
         self.checkpoint: dict[str, Any] = {}  # the one given as --ckpt_path, read once
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
+        settings.plain_values(config)
         with self._refusing():
             settings.refuse_options(config)
             if subcommand:

@@ -93,6 +93,26 @@ class Parser(LightningArgumentParser):
         return super().error(mistyped_option(message) if self.exit_on_error else message, ex)
 
 
+def plain_values(config: Namespace) -> None:
+    """Make each value of a constrained type (a ``PositiveFloat`` and the like, which checked
+    itself as it was read) a plain number or string. jsonargparse carries a model's arguments over
+    to another class given by ``class_path`` alone (a module of one's own, after
+    configs/project.yaml's model), and there such a value, under a plain ``float``, could not be
+    written to the run's config.yaml."""
+    for key, value in list(config.items()):
+        if isinstance(value, list):
+            config[key] = [_plain(item) for item in value]
+        else:
+            config[key] = _plain(value)
+
+
+def _plain(value: Any) -> Any:
+    for kind in (bool, int, float, str):
+        if isinstance(value, kind):
+            return value if type(value) is kind else kind(value)
+    return value
+
+
 def refuse_options(config: Namespace) -> None:
     for option, instead in REFUSED_OPTIONS.items():
         if config.get(option) is not None:

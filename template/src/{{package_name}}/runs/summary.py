@@ -53,7 +53,7 @@ def fit_summary(
         f"best {line['monitor']}": best and f"{_value(line['best_value'])} at epoch {line['best_epoch']}",
         "best checkpoint": shown(best) if best else None,
         "last checkpoint": shown(line["last_checkpoint"]) if line["last_checkpoint"] else None,
-        "time": f"{time}, {line['epochs']} epochs, {line['steps']} steps",
+        "time": f"{time}, {_counted(line['epochs'], 'epoch')}, {_counted(line['steps'], 'step')}",
     }
     ended = "pruned: stopped early by the sweep's pruner" if line["status"] == "pruned" else "finished"
     lines = [f"Run {line['run_name']} {ended}.", *_rows(rows)]
@@ -61,6 +61,10 @@ def fit_summary(
         test = ["python", "-m", package, "test", "--ckpt_path", shown(best or line["last_checkpoint"])]
         lines += ["Test it:", f"  {shlex.join(test)}"]
     return "\n".join(lines)
+
+
+def _counted(number: int, noun: str) -> str:
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
 
 
 def evaluation_summary(stage: str, checkpoint: str | None, metrics: dict[str, Any], output_dir: Path) -> str:
