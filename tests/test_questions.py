@@ -1,5 +1,8 @@
 """Copier's questions: every one explained, invalid answers refused with a clear message."""
 
+import subprocess
+import sys
+
 import pytest
 import yaml
 from conftest import ROOT, copy_template
@@ -55,3 +58,22 @@ def test_invalid_answers_are_refused(tmp_path, answers, message):
 def test_package_name_is_derived_from_the_project_name(tmp_path):
     project = copy_template(tmp_path / "p", **{**VALID, "project_name": "3D Cell-Segmentation (v2)"})
     assert (project / "src" / "d_cell_segmentation_v2").is_dir()
+
+
+def test_the_copy_ends_with_where_the_users_code_goes_and_the_readmes_commands(tmp_path):
+    destination = tmp_path / "weather"
+    copy = [sys.executable, "-m", "copier", "copy", "--defaults", "--vcs-ref=HEAD"]
+    result = subprocess.run(
+        [*copy, "--data", "project_name=Weather", str(ROOT), str(destination)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = result.stderr[result.stderr.index(f"Your project is in {destination}. Next:") :]
+    readme = (destination / "README.md").read_text()
+    commands = [line.split("#")[0].strip() for line in said.splitlines() if line.startswith("  ")]
+    assert commands[0] == f"cd {destination}"
+    for command in commands[1:]:  # each one is the README's, as a user reads it there
+        assert command in readme, command
+    assert "src/weather/models/" in said and "configs/project.yaml" in said
