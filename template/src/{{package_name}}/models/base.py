@@ -48,7 +48,8 @@ class SupervisedModule(LightningModule):
             any optimizer class by its dotted path.
         optimizer_args: the optimizer's other arguments, e.g. ``{momentum: 0.9, nesterov: true}``
             for SGD; ``lr`` and ``weight_decay`` are set above, once.
-        warmup_steps: optimizer steps of linear warm-up to ``lr``.
+        warmup_steps: optimizer steps of linear warm-up to ``lr``; at most half the run's steps,
+            so that a short run (a smoke run, a tiny subset) still reaches ``lr`` and decays.
         schedule: the learning rate after warm-up, until the run's last step: ``cosine`` decay to
             0, ``linear`` decay to 0, or ``constant``.
         scale_lr: apply the linear scaling rule to ``lr``.
@@ -357,7 +358,10 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "c
 
     A closed form of the step, unlike chained schedulers, so a run resumed with a longer
     ``max_epochs`` follows the schedule of its new length instead of restarting a cosine cycle.
+    The warm-up takes at most half of the ``total_steps``: a warm-up longer than the run would
+    never reach the peak rate nor decay from it.
     """
+    warmup_steps = min(warmup_steps, total_steps // 2)
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
