@@ -193,7 +193,7 @@ TASK_PARTS["files"] += ("smoke", "lint", "loggers", "best_checkpoint", "serve", 
 # Tests of those files whose subject is the same in both tasks: torch.compile, DDP launched by
 # Lightning's other two launchers (the ddp_cpu.yaml preset runs in both), the signals and save
 # points of a resume other than a SIGKILL mid-epoch (which runs in both, on the user's path and not),
-# the sweep's two workers, its stop after three failures, a fit ending with its killed worker and
+# the sweep's two workers, its stops (3 failures, SIGTERM), a fit ending with its killed worker and
 # the shipped sweep of 8 trials killed and continued, with its pruning, report and dashboard (about
 # 140 s; the sweep reads its metric and direction from the sweep file, and a regression project's
 # one-trial sweep, killed and resumed in --runs_dir, checks its metric), --runs_dir given as two
@@ -208,6 +208,7 @@ ONCE = (
     "test_user_path.py::test_a_run_interrupted_mid_epoch_resumes_to_the_same_weights[SIGINT-0-11-11]",
     "test_sweep.py::test_two_workers_share_one_study_to_its_budget",
     "test_sweep.py::test_trials_that_fail_by_themselves_stop_the_worker_after_three",
+    "test_sweep.py::test_a_sweep_stopped_by_sigterm_says_so_in_one_line",
     "test_sweep.py::test_a_fit_ends_with_its_worker_killed_as_the_fit_starts",
     "test_sweep.py::test_a_database_that_stops_answering_ends_the_worker_in_one_line_and_the_sweep_resumes",
     "test_sweep.py::test_a_fit_whose_sweep_storage_does_not_answer_ends_in_one_line",

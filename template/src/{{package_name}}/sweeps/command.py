@@ -9,9 +9,9 @@ from pathlib import Path
 import optuna
 
 from .report import report
-from .spec import read_sweep
+from .spec import check_parameters, read_sweep
 from .study import SWEEPS_DIR, existing_storage, open_storage, open_study, printable, storage_of, study_name
-from .worker import Worker, launch, runs_dir_of
+from .worker import Worker, fit_settings, launch, quiet_optuna, runs_dir_of
 
 
 def show(name_or_file: str, storage: str | None, dashboard: bool, port: int) -> None:
@@ -36,7 +36,10 @@ def sweep(
         settings["trials"] = trials
     fit_args = words[words.index("--") + 1 :] if "--" in words else []
     storage = storage_of(settings["name"], storage)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    quiet_optuna()
+    if "SWEEP_WORKER" not in os.environ:  # else the command that started the workers checked
+        open_storage(storage, settings)  # first: a storage that cannot be opened costs no fit's start
+        check_parameters(path, settings, fit_settings(fit_args))
     study = open_study(settings, storage, fit_args, runs_dir_of(fit_args))
     if workers > 1:
         status = launch(script, words, workers)

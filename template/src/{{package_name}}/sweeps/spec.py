@@ -3,6 +3,7 @@ refusal one line."""
 
 import difflib
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,15 @@ CHOICES = {
     "pruner": ("median", "none"),
 }
 WANDB_KEYS = {"method", "run_cap", "program", "command", "early_terminate"}
+# What a setting takes, by the type of its value in fit's config: a text setting takes a number too
+# (precision: 16, devices: 2), and a class a class name.
+TAKES = {
+    "a number": ("a number",),
+    "true or false": ("true or false",),
+    "text": ("text", "a number"),
+    "a list": ("a list",),
+    "a mapping": ("a mapping", "text"),
+}
 
 
 class SweepError(ValueError):
@@ -111,6 +121,64 @@ def distribution(name: str, spec: Any) -> optuna.distributions.BaseDistribution:
         except ValueError as error:
             raise SweepError(f"parameter {name}: {error}") from None
     raise SweepError(f"parameter {name} needs choices: [...], or low and high (with log or step)")
+
+
+def check_parameters(path: Path, sweep: dict[str, Any], settings: dict[str, Any]) -> None:
+    """Refuse, before any trial, a parameter that is not a setting of fit (``settings``: the
+    config fit prints), and choices of mixed types or of another type than the setting's."""
+    keys = dict(_flat(settings))
+    short = {_short(key): key for key in keys}
+    for name, spec in sweep["parameters"].items():
+        key = short.get(_short(name))
+        if key is None and not _in_mapping(name, keys):
+            close = difflib.get_close_matches(name, keys, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise SweepError(f"{path}: parameter {name!r} is not a setting of fit{hint}")
+        values = spec["choices"] if "choices" in spec else [spec["low"]]
+        kinds = list(dict.fromkeys(_kind(value) for value in values if value is not None))
+        if len(kinds) > 1:
+            mixed = " and ".join(kinds)
+            raise SweepError(f"{path}: parameter {name!r} mixes {mixed}: give choices of one type")
+        current = keys.get(key)
+        taken = TAKES.get(_kind(current), ()) if current is not None else ()
+        for value in values:
+            if taken and value is not None and _kind(value) not in taken:
+                raise SweepError(
+                    f"{path}: parameter {name!r}: {value!r} is {_kind(value)}, "
+                    f"but the setting is {_kind(current)} ({current!r})"
+                )
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, int | float):
+        return "a number"
+    return {str: "text", list: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
+
+
+def _flat(settings: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in settings.items():
+        yield f"{prefix}{key}", value
+        if isinstance(value, dict):
+            yield from _flat(value, f"{prefix}{key}.")
+
+
+def _short(key: str) -> str:
+    """A key as the command line also takes it: ``model.lr`` for ``model.init_args.lr``."""
+    return ".".join(part for part in key.split(".") if part != "init_args")
+
+
+def _in_mapping(name: str, keys: dict[str, Any]) -> bool:
+    """Whether ``name`` is a key within a class's mapping argument (``optimizer_args.momentum``),
+    which takes any key."""
+    parts = name.split(".")
+    for end in range(len(parts) - 1, 1, -1):
+        prefix = ".".join(parts[:end])
+        value = keys.get(prefix)
+        if isinstance(value, dict) and "init_args" in parts[: end - 1] and "class_path" not in value:
+            return parts[end - 1] != "init_args"
+    return False
 
 
 def suggest(trial: optuna.Trial, name: str, spec: dict[str, Any]) -> Any:

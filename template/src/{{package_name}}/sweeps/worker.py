@@ -6,7 +6,9 @@ import ctypes
 import functools
 import itertools
 import json
+import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import yaml
 from optuna.trial import TrialState
 
 from ..runs.directory import LAST_CHECKPOINT, RUNS_DIR, wait_until_free
@@ -31,6 +34,11 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 WAIT_S = 5  # how often a worker with no trial left to start looks at the others'
 
 
+# Optuna's warnings of a failed trial, the first with the traceback of the worker's own exception:
+# the worker says why in one line instead.
+OPTUNA_FAILED_TRIAL = re.compile(r"Trial \d+ failed with ")
+
+
 class Stopped(Exception):
     """The worker was asked to stop (Ctrl-C, SIGTERM); its trial is tried again later."""
 
@@ -41,6 +49,25 @@ class TrialFailed(Exception):
 
 class OverBudget(TrialFailed):
     """Another worker started the budget's last trial between this worker's count and its start."""
+
+
+def quiet_optuna() -> None:
+    """Optuna's logging: warnings only, without its lines of a failed trial."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for handler in logging.getLogger("optuna").handlers:
+        handler.addFilter(lambda record: not OPTUNA_FAILED_TRIAL.match(record.getMessage()))
+
+
+def fit_settings(fit_args: list[str]) -> dict[str, Any]:
+    """The config that every trial's fit starts from: ``fit --print_config`` with ``fit_args``,
+    which parses the command line without building anything; or a SweepError with fit's reason."""
+    command = [sys.executable, "-m", PACKAGE, "fit", *fit_args, "--print_config"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        said = [line for line in done.stderr.splitlines() if line.strip()] or [f"status {done.returncode}"]
+        reason = next((line for line in said if line.startswith("error: ")), said[-1])
+        raise SweepError(f"fit refuses the arguments after --: {reason.removeprefix('error: ')}")
+    return yaml.safe_load(done.stdout) or {}
 
 
 def worker_id() -> dict[str, Any]:
@@ -156,6 +183,7 @@ class Worker:
             return self._trial(trial)
         except TrialFailed as error:
             self.outcome = type(error)
+            print(f"[trial {trial.number}] failed: {error}", flush=True)
             raise
 
     def _trial(self, trial: optuna.Trial) -> float:
