@@ -313,6 +313,10 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         if archive:
             _check_archive(path)
+        elif _starts_as_zip(path):
+            raise ValueError(
+                "it is truncated: it ends before the directory of its records, which a zip ends with"
+            )
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=archive)
         if archive:
             _check_record_sizes(path, checkpoint)
@@ -324,6 +328,12 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(checkpoint, dict):
         raise ValueError(f"{path} holds a {type(checkpoint).__name__}, not a checkpoint or state_dict")
     return checkpoint
+
+
+def _starts_as_zip(path: Path) -> bool:
+    """Whether ``path`` starts as a zip archive does (torch.save's format), with a record's header."""
+    with path.open("rb") as file:
+        return file.read(4) == b"PK\x03\x04"
 
 
 def _first_line(error: Exception) -> str:
