@@ -2,6 +2,7 @@
 the model is built: refused and mistyped options (``Parser``), the sizes taken from the data (its
 data module is built first, once), the precision the device can run, and ``--config`` files."""
 
+import ast
 import difflib
 import importlib
 import inspect
@@ -90,7 +91,7 @@ class Parser(LightningArgumentParser):
 
     def error(self, message: str, ex: Exception | None = None) -> Any:
         # Only the parser that prints rewrites the message; the nested ones' are inside it.
-        return super().error(mistyped_option(message) if self.exit_on_error else message, ex)
+        return super().error(unlisted_choice(mistyped_option(message)) if self.exit_on_error else message, ex)
 
 
 def plain_values(config: Namespace) -> None:
@@ -354,6 +355,28 @@ def mistyped_option(message: str) -> str:
     nearest = difflib.get_close_matches(option[1], names)
     hint = f"did you mean {' or '.join(nearest)}?" if nearest else f"it takes {', '.join(names)}"
     return f"{full_key}: {owner.__name__} takes no {option[1]!r}; {hint}"
+
+
+def unlisted_choice(message: str) -> str:
+    """jsonargparse's report of a value that is not among the choices (a ``Literal``, perhaps or
+    None) of an option of a model's or data module's class, as one line naming the key and the
+    choices; any other message as it is."""
+    outer = re.match(r'Parser key "(\w+)":', message)
+    inner = re.findall(r'\n\s+Parser key "(\w+)":', message)
+    if not (outer and len(inner) == 1):
+        return message
+    within = message[message.index(f'Parser key "{inner[0]}"') :]
+    # The types the value was checked against, less the last: the class's own alternative, None.
+    expected = re.findall(r"Expected a (.+?)(?:\. Got value: .*)?$", within, re.MULTILINE)[:-1]
+    literals = [
+        kind.removeprefix("typing.Literal[")[:-1] for kind in expected if kind.startswith("typing.Literal[")
+    ]
+    if not literals or len(literals) + expected.count("<class 'NoneType'>") < len(expected):
+        return message
+    choices = [str(choice) for literal in literals for choice in ast.literal_eval(f"[{literal}]")]
+    choices += ["null"] * ("<class 'NoneType'>" in expected)
+    value = re.search(r"(?:Got|Given) value: (.*)$", within, re.MULTILINE)[1]
+    return f"{outer[1]}.init_args.{inner[0]}: '{value}' is not one of {', '.join(choices)}"
 
 
 def _options(owner: type) -> list[str]:

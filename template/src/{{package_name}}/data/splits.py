@@ -1,4 +1,5 @@
-"""The seeded train/val/test split, the subset and the loaders that every data module here shares."""
+"""The train/val/test split (seeded, or in order), the subset and the loaders that every data
+module here shares."""
 
 import math
 import os
@@ -59,6 +60,44 @@ def split_indices(
         random_state=seed,
     )
     return train, val, test
+
+
+def ordered_indices(
+    size: int, val_fraction: float, test_fraction: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The indices of ``size`` samples in order: train first, then val, then test, of the sizes
+    that ``split_indices`` gives them (its rounding: the held-out and the test counts rounded up)."""
+    holdout = math.ceil((val_fraction + test_fraction) * size)
+    test = math.ceil(test_fraction / (val_fraction + test_fraction) * holdout)
+    return np.split(np.arange(size), [size - holdout, size - test])
+
+
+def check_split(
+    indices: tuple[np.ndarray, np.ndarray, np.ndarray], size: int, by: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The train, val and test indices of ``size`` samples that ``by`` gave, as arrays; refused
+    when a split is empty, when one is not positions of the samples (a mask, numbers out of
+    range), or when a sample is in two splits (it would be evaluated on what it trained on)."""
+    names = ("train", "val", "test")
+    arrays = tuple(np.asarray(split) for split in indices)
+    counts = ", ".join(f"{split.size} {name}" for name, split in zip(names, arrays, strict=True))
+    for name, split in zip(names, arrays, strict=True):
+        if not split.size:
+            raise ValueError(
+                f"{by} leaves the {name} split empty ({counts} of {size} samples); each split needs samples"
+            )
+        if split.ndim != 1 or split.dtype.kind not in "iu" or split.min() < 0 or split.max() >= size:
+            raise ValueError(
+                f"{by} gave {name} indices that are not positions of the {size} samples (0 to {size - 1}): "
+                f"a {split.dtype} array of shape {split.shape}, from {split.min()} to {split.max()}"
+            )
+    repeated = np.flatnonzero(np.bincount(np.concatenate(arrays), minlength=size) > 1)
+    if repeated.size:
+        raise ValueError(
+            f"{by} puts samples in more than one split: {repeated.size}, at positions "
+            f"{', '.join(map(str, repeated[:3].tolist()))}; each sample belongs to one split"
+        )
+    return arrays
 
 
 def loader_seed() -> int:
