@@ -38,7 +38,7 @@ from torch import Tensor
 from .data.images import ImageFolderDataModule, UnreadableImageError, decode_image
 from .data.preprocessing import encode_features
 from .data.tables import MISSING_CATEGORY, Table, numeric_problems
-from .runs.checkpoints import check_made_here, load_trained, read_checkpoint
+from .runs.checkpoints import check_made_here, check_project_model, load_trained, read_checkpoint
 from .utils.predictions import top_classes
 
 PACKAGE = __package__
@@ -303,6 +303,7 @@ def main(argv: list[str]) -> None:
     try:
         checkpoint = read_checkpoint(args.ckpt_path)
         check_made_here(checkpoint, args.ckpt_path)  # here: a worker's failure ends LitServe in tracebacks
+        check_project_model(checkpoint)
     except (FileNotFoundError, ValueError) as error:
         parser.error(f"--ckpt_path: {error}")
     if "pytorch-lightning_version" not in checkpoint:

@@ -434,6 +434,28 @@ def check_made_here(checkpoint: dict[str, Any], path: str | Path) -> None:
             )
 
 
+def check_project_model(checkpoint: dict[str, Any]) -> None:
+    """Refuse the checkpoint of a module of your own (any LightningModule) where a Classifier or a
+    Regressor of this project is needed: export.py and serve use the preprocessing those carry and
+    know what their outputs are. Only a class of this project, or one already imported, is looked
+    at: nothing else that a checkpoint names is imported (Lightning refuses to build it anyway)."""
+    from ..models import SupervisedModule  # here: the models import this module
+
+    class_path = (checkpoint.get("hyper_parameters") or {}).get("_class_path")
+    if not isinstance(class_path, str):
+        return
+    module_name, _, name = class_path.rpartition(".")
+    if module_name.partition(".")[0] == __package__.rpartition(".")[0]:
+        importlib.import_module(module_name)
+    found = getattr(sys.modules.get(module_name), name, None)
+    if not (isinstance(found, type) and issubclass(found, SupervisedModule)):
+        raise ValueError(
+            f"{class_path} is not a Classifier or Regressor of this project: export.py and serve take "
+            "those alone (they need the preprocessing those keep); export your own module with "
+            "torch.onnx.export, or serve it with LitServe"
+        )
+
+
 def load_trained(path: str | Path) -> tuple[LightningModule, LightningDataModule]:
     """A checkpoint's model, in eval mode on the CPU, and its data module, built from the settings
     it was trained with (no data is read until its ``setup``)."""
@@ -441,6 +463,7 @@ def load_trained(path: str | Path) -> tuple[LightningModule, LightningDataModule
     if "pytorch-lightning_version" not in checkpoint:
         raise ValueError(f"{path} is not a Lightning checkpoint; a state_dict lacks the model config")
     check_made_here(checkpoint, path)
+    check_project_model(checkpoint)
     package = __package__.rpartition(".")[0]
     for hyper_parameters in ("hyper_parameters", "datamodule_hyper_parameters"):
         class_path = checkpoint.get(hyper_parameters, {}).get("_class_path", "")
