@@ -27,12 +27,6 @@ MAX_OUTPUT_COLUMNS = 32
 OUTPUT_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
-def is_regression(trainer: Trainer, pl_module: LightningModule) -> bool:
-    """Whether the run predicts a numeric target rather than classes: the ``task`` of the model or
-    of the data."""
-    return "regression" in (getattr(pl_module, "task", None), getattr(trainer.datamodule, "task", None))
-
-
 class PredictionWriter(BasePredictionWriter):
     """One row per sample, in dataset order, written as each batch is predicted:
 

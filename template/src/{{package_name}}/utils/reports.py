@@ -19,7 +19,6 @@ from torchmetrics.classification import (
 )
 from torchmetrics.utilities import dim_zero_cat
 
-from .predictions import is_regression
 from .tracking import WandbLogger
 
 if TYPE_CHECKING:
@@ -65,10 +64,10 @@ class TestReport(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if not isinstance(outputs, Tensor):
+        if not isinstance(outputs, Tensor) or _reported(pl_module) is None:
             return
         if self.metrics is None:
-            regression = is_regression(trainer, pl_module)
+            regression = _reported(pl_module) == "regression"
             metrics = PredictedAndTrue() if regression else classification_metrics(outputs.shape[-1])
             self.metrics = metrics.to(outputs.device)
         self.metrics.update(outputs, batch[1])
@@ -81,11 +80,19 @@ class TestReport(Callback):
         if trainer.is_global_zero:
             directory = Path(trainer.default_root_dir)
             directory.mkdir(parents=True, exist_ok=True)
-            if is_regression(trainer, pl_module):
+            if _reported(pl_module) == "regression":
                 images = write_regression_report(directory, results["predicted"], results["true"])
             else:
                 images = write_classification_report(directory, results, pl_module.class_names)
             log_images(trainer, images)
+
+
+def _reported(pl_module: LightningModule) -> str | None:
+    """What the report is of: a regression model's predictions, or a classifier's classes (it names
+    them); None for a module of one's own, whose test outputs may be anything."""
+    if getattr(pl_module, "task", None) == "regression":
+        return "regression"
+    return "classification" if getattr(pl_module, "class_names", None) is not None else None
 
 
 class PredictedAndTrue(Metric):
