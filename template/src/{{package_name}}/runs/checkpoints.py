@@ -16,6 +16,7 @@ import random
 import re
 import shutil
 import signal
+import struct
 import sys
 import time
 import warnings
@@ -33,6 +34,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
 from .interrupts import StopOnSignals, received_signal
+
+# How a file that torch.save wrote starts: a zip archive's first record, or (its older format) a
+# pickle of protocol 2 or later.
+ZIP_START, PICKLE_START = b"PK\x03\x04", b"\x80"
 
 
 def _is_disk_full(error: BaseException | None) -> bool:
@@ -310,13 +315,17 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if path.suffix == ".safetensors":
         return _read_safetensors(path)
     archive = zipfile.is_zipfile(path)  # torch.save's format; older files are read whole
+    with path.open("rb") as file:
+        start = file.read(len(ZIP_START))
     try:
         if archive:
             _check_archive(path)
-        elif _starts_as_zip(path):
+        elif ZIP_START.startswith(start) or start.startswith(ZIP_START):
             raise ValueError(
                 "it is truncated: it ends before the directory of its records, which a zip ends with"
             )
+        elif not start.startswith(PICKLE_START):
+            raise ValueError("it is not a file that torch.save or safetensors wrote")
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=archive)
         if archive:
             _check_record_sizes(path, checkpoint)
@@ -330,19 +339,17 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     return checkpoint
 
 
-def _starts_as_zip(path: Path) -> bool:
-    """Whether ``path`` starts as a zip archive does (torch.save's format), with a record's header."""
-    with path.open("rb") as file:
-        return file.read(4) == b"PK\x03\x04"
-
-
 def _first_line(error: Exception) -> str:
     """An error's first line, without terminal colour codes (torch's messages can span many lines
     and have them); an error without a message, as the ``EOFError`` of a file cut short, by its type."""
-    lines = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()
-    if lines:
-        return lines[0]
-    return "it ends too soon (EOFError)" if isinstance(error, EOFError) else type(error).__name__
+    if isinstance(error, EOFError | IndexError | struct.error):  # torch.save's older format, cut short
+        return "it is truncated"
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    # torch's advice here is to load without weights_only, which would run the file's code.
+    if refused := re.search(r"Unsupported global: GLOBAL (\S+)", text):
+        return f"it names {refused[1]}, code that weights-only loading does not run"
+    lines = text.strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 def _read_safetensors(path: Path) -> dict[str, Any]:

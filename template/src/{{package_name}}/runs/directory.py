@@ -82,16 +82,12 @@ def claim(run_dir: Path, resumed: bool) -> None:
         return
     if not resumed and _holds_a_run(run_dir):
         if (run_dir / LOCK_FILE).is_file():
-            _lock(run_dir).close()  # refused, naming the process, if one trains there
+            _lock(run_dir, note=False).close()  # refused, naming the process, if one trains there
         _refuse_held(run_dir)
     file = _lock(run_dir)
     if not resumed and _holds_a_run(run_dir):  # a run made and ended there since the look above
         file.close()
         _refuse_held(run_dir)
-    file.seek(0)
-    file.truncate()
-    file.write(f"{os.getpid()}\n")
-    file.flush()
     _held[key] = file
 
 
@@ -138,29 +134,52 @@ def release(run_dir: Path) -> None:
         file.close()
 
 
-def _lock(run_dir: Path) -> IO[str]:
-    """The lock file of ``run_dir`` (made if new), locked for this process."""
+def _lock(run_dir: Path, note: bool = True) -> IO[str]:
+    """The lock file of ``run_dir`` (made if new), locked for this process and, if ``note``, naming
+    it at once (a process refused meanwhile reads the name)."""
     if not run_dir.parent.exists():
         _created_parents.add(run_dir.parent.resolve())
     try:
-        run_dir.mkdir(parents=True)
-        made = True
-    except FileExistsError:
-        made = False
-    file = (run_dir / LOCK_FILE).open("a+")
+        made = _made(run_dir)
+        file = (run_dir / LOCK_FILE).open("a+")
+    except OSError as error:  # a dangling link, a folder that cannot be written
+        raise RunDirectoryError(
+            f"{run_dir} cannot be made ({error.strerror}): choose a --runs_dir you can write"
+        ) from None
     try:
         fcntl.lockf(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:  # held by another process
         file.seek(0)
-        holder = file.read().strip() or "another process"
+        holder = file.read().strip()
         file.close()
+        who = f"process {holder}" if holder else "another process"
         raise RunDirectoryError(
-            f"{run_dir} is in use by process {holder}, which is training in it; wait for it to end, "
-            "or choose another --run_name"
+            f"{run_dir} is in use by {who}, which is training in it; wait for it to end, or choose another "
+            "--run_name"
         ) from None
     if made:  # removed if the start fails; a directory another process made is never removed here
         _created.add(run_dir.resolve())
+    if note:
+        file.seek(0)
+        file.truncate()
+        file.write(f"{os.getpid()}\n")
+        file.flush()
     return file
+
+
+def _made(run_dir: Path) -> bool:
+    """Make ``run_dir``; whether it is new."""
+    try:
+        run_dir.mkdir(parents=True)
+        return True
+    except FileExistsError:
+        if run_dir.is_file():
+            raise RunDirectoryError(
+                f"{run_dir} is a file, not a run's directory: choose another --run_name"
+            ) from None
+        if not run_dir.is_dir():  # a parent is a link to nothing
+            raise
+        return False
 
 
 def wait_until_free(run_dir: Path, timeout_s: float = 120) -> None:
@@ -168,7 +187,11 @@ def wait_until_free(run_dir: Path, timeout_s: float = 120) -> None:
     lock = run_dir / LOCK_FILE
     deadline = time.monotonic() + timeout_s
     while lock.is_file() and time.monotonic() < deadline:
-        with lock.open("a") as file:  # lockf takes a file open for writing
+        try:
+            file = lock.open("r+")  # lockf takes a file open for writing; never makes one
+        except FileNotFoundError:  # the run's directory went meanwhile
+            return
+        with file:
             try:
                 fcntl.lockf(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return
