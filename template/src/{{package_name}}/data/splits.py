@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from sklearn.model_selection import train_test_split
+from sklearn.model_selection import KFold, StratifiedKFold, train_test_split
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -70,6 +70,36 @@ def ordered_indices(
     holdout = math.ceil((val_fraction + test_fraction) * size)
     test = math.ceil(test_fraction / (val_fraction + test_fraction) * holdout)
     return np.split(np.arange(size), [size - holdout, size - test])
+
+
+def check_folds(folds: int | None, fold: int) -> None:
+    if folds is not None and folds < 2:
+        raise ValueError(f"data.init_args.folds must be at least 2 (or null, no folds), got {folds}")
+    if folds is not None and fold >= folds:
+        raise ValueError(
+            f"data.init_args.fold={fold} is no fold of data.init_args.folds={folds}: give 0 to {folds - 1}"
+        )
+
+
+def fold_indices(
+    rest: np.ndarray, folds: int, fold: int, seed: int | None, classes: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The train and val indices of fold ``fold`` of ``folds``, cut from ``rest`` (the samples
+    outside the test split): in order when ``seed`` is None, else shuffled by ``seed``, stratified
+    by ``classes`` (of every sample) when given. Fold k's validation samples are in no other fold's."""
+    rest = np.sort(rest)
+    if folds > rest.size:
+        raise ValueError(
+            f"data.init_args.folds={folds} is more than the {rest.size} samples outside the test split; "
+            "lower folds"
+        )
+    if seed is None:
+        val = np.array_split(rest, folds)[fold]
+        return np.setdiff1d(rest, val), val
+    cutter = StratifiedKFold if classes is not None else KFold
+    split = cutter(n_splits=folds, shuffle=True, random_state=seed)
+    train, val = list(split.split(rest, None if classes is None else classes[rest]))[fold]
+    return rest[train], rest[val]
 
 
 def check_split(

@@ -197,7 +197,7 @@ class Worker:
         if resume:
             wait_until_free(self.runs_dir / run_name)
         else:
-            run_name = f"{self.sweep['name']}-{trial.number}"
+            run_name = self.run_name_of(trial, values)
         trial.set_user_attr("run_name", run_name)
         trial.set_user_attr("worker", worker_id())
         goal = "max" if self.sweep["direction"] == "maximize" else "min"
@@ -243,6 +243,10 @@ class Worker:
             raise TrialFailed(f"its fit recorded no best {self.sweep['metric']}")
         print(f"[trial {trial.number}] {self.sweep['metric']} {line['best_value']:.4f}", flush=True)
         return line["best_value"]
+
+    def run_name_of(self, trial: optuna.Trial, values: dict[str, Any]) -> str:
+        """The run of a trial tried for the first time, by its ``values``."""
+        return f"{self.sweep['name']}-{trial.number}"
 
     def _fit(self, command: list[str], run_name: str) -> int:
         output = None
