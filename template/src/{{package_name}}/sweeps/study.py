@@ -31,8 +31,8 @@ CREATE_TRIES = 5  # to open a database that other workers are setting up at the 
 # What a database that stopped answering raises: Optuna wraps SQLAlchemy's errors, but not all.
 LOST = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)
 # The query parameters of a database URL whose value is a secret, by a word in their name
-# (libpq's password and sslpassword, a driver's token or key): never printed, as the password.
-SECRET_WORDS = ("pass", "secret", "token", "key", "credential")
+# (libpq's password and sslpassword, ODBC's PWD, a driver's token or key): never printed, as the password.
+SECRET_WORDS = ("pass", "pwd", "secret", "token", "key", "credential")
 MASK = "***"
 
 
