@@ -680,10 +680,13 @@ def test_new_run_starts_from_the_old_best_weights(old_run):
 @pytest.mark.slow
 def test_old_last_checkpoint_resumes_with_the_new_code(old_run):
     more = OLD_EPOCHS + 2
+    # The smoke config of the earlier releases set the model's warm-up; the run resumes with it.
+    warmup_steps = read_checkpoint(old_run.best)["hyper_parameters"]["warmup_steps"]
     project_cli(
         old_run.project,
         "fit",
         "--config=configs/debug/smoke.yaml",
+        f"--model.init_args.warmup_steps={warmup_steps}",
         "--ckpt_path=last",
         f"--run_name={OLD_RUN}",
         f"--trainer.max_epochs={more}",
