@@ -37,7 +37,7 @@ from torch import Tensor
 
 from .data.images import ImageFolderDataModule, UnreadableImageError, decode_image
 from .data.preprocessing import encode_features
-from .data.tables import MISSING_CATEGORY, Table, numeric_problems
+from .data.tables import LARGEST_VALUE, MISSING_CATEGORY, Table, numeric_problems
 from .runs.checkpoints import check_made_here, check_project_model, load_trained, read_checkpoint
 from .utils.predictions import top_classes
 
@@ -48,6 +48,8 @@ SERVER_PROCESS = os.getpid()
 DEEPEST_BODY = 32
 # The longest value quoted in a message.
 QUOTED_CHARACTERS = 80
+# The digits of the largest float64 (1.8e308): a longer integer may be beyond it.
+FLOAT64_DIGITS = 309
 
 
 class RequestError(ValueError):
@@ -75,7 +77,9 @@ class Predictor:
     def inputs(self, body: Any) -> Tensor:
         """The model's input batch for a request's JSON body; ``RequestError`` when it has none."""
         if not isinstance(body, dict) or list(body) != [self.kind]:
-            found = f"the keys {list(body)}" if isinstance(body, dict) else f"a {type(body).__name__}"
+            found = (
+                f"the keys {_listed(list(body))}" if isinstance(body, dict) else f"a {type(body).__name__}"
+            )
             raise RequestError(f"the body must be a JSON object with one key, {self.kind!r}: not {found}")
         items = body[self.kind]
         if not isinstance(items, list) or not items:
@@ -110,7 +114,7 @@ class Predictor:
             numbers[n] = [self._number(row[name], f"rows[{n}][{name!r}]") for name in self.numeric]
             text[n] = [self._text(row[name], f"rows[{n}][{name!r}]") for name in self.text]
         names = [f"rows[{n}]" for n in range(len(rows))]
-        table = Table(Path("request"), numbers, self.numeric, text.astype(str), self.text, rows=names)
+        table = _RequestTable(Path("request"), numbers, self.numeric, text.astype(str), self.text, rows=names)
         # The check of a file's numbers: infinite ones and those float32 cannot train on or predict.
         if problems := numeric_problems(table):
             raise RequestError(problems[0])
@@ -125,10 +129,7 @@ class Predictor:
             raise RequestError(f"{where} is missing; this model was trained without missing values")
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise RequestError(f"{where} must be a number, got {_quoted(value)}")
-        try:
-            return float(value)
-        except OverflowError:  # an integer beyond float64 is infinite, as a file's is read
-            return math.inf if value > 0 else -math.inf
+        return float(value)  # an integer beyond float64 was refused with the body's JSON
 
     def _text(self, value: Any, where: str) -> str:
         if value is None and self.imputes:
@@ -154,15 +155,39 @@ class Predictor:
         ]
 
 
+class _RequestTable(Table):
+    """A request's rows, whose values messages name as the other request errors do: ``rows[0]['x']``."""
+
+    def where(self, index: int, column: str | None = None) -> str:
+        return f"{self.rows[index]}[{column!r}]" if column is not None else self.rows[index]
+
+
 def _listed(names: list[str], shown: int = 10) -> str:
-    """Names for a one-line message: the first ``shown``, and how many more."""
-    return f"{names[:shown]}" + (f" and {len(names) - shown} more" if len(names) > shown else "")
+    """Names for a one-line message: the first ``shown``, each cut, and how many more."""
+    cut = [_cut(name) for name in names[:shown]]
+    return f"{cut}" + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _quoted(value: Any) -> str:
-    """A request's value as JSON, cut at ``QUOTED_CHARACTERS``."""
-    text = json.dumps(value)
+    """A request's value as JSON, cut."""
+    return _cut(json.dumps(value))
+
+
+def _cut(text: str) -> str:
+    """``text`` cut at ``QUOTED_CHARACTERS``: a request's names and values are the client's, of any length."""
     return text if len(text) <= QUOTED_CHARACTERS else text[: QUOTED_CHARACTERS - 3] + "..."
+
+
+class IntegerTooLarge(ValueError):
+    """A JSON integer beyond float64, which no column takes."""
+
+
+def _integer(text: str) -> int:
+    """A JSON integer, refused beyond float64: read as infinite it would be named as ``inf``, and
+    past Python's limit on an integer's digits (4,300) its advice would answer."""
+    if len(text) > FLOAT64_DIGITS and math.isinf(float(text)):
+        raise IntegerTooLarge
+    return int(text)
 
 
 def _too_deep(body: Any) -> bool:
@@ -203,10 +228,15 @@ class CheckedBodies:
         body = b"".join(chunks)
         deep = f"the body nests arrays and objects more than {DEEPEST_BODY} deep"
         try:
-            if _too_deep(json.loads(body)):
+            if _too_deep(json.loads(body, parse_int=_integer)):
                 return await _answer(send, 400, deep)
         except RecursionError:  # nested too deep for the parser itself
             return await _answer(send, 400, deep)
+        except IntegerTooLarge:
+            too_large = (
+                f"the body has an integer too large for float64; a number must be within ±{LARGEST_VALUE:.0e}"
+            )
+            return await _answer(send, 400, too_large)
         except ValueError as error:
             return await _answer(send, 400, f"the body is not JSON ({error})")
 
