@@ -295,8 +295,8 @@ def _read_numbers(path: Path, reader) -> tuple[list[str], np.ndarray, np.ndarray
             header = [name.strip() for name in line]
             repeated = sorted(name for name, count in Counter(header).items() if count > 1)
             if repeated:
-                others = f" and {len(repeated) - 10} others" if len(repeated) > 10 else ""
-                shown = f"{repeated[:10]}{others}"
+                more = len(repeated) - REPORTED_PROBLEMS
+                shown = f"{repeated[:REPORTED_PROBLEMS]}" + (f" and {more} more" if more > 0 else "")
                 raise DataError(f"{path}: the header names the columns {shown} more than once")
             continue
         if len(line) != len(header):
