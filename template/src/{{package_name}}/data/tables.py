@@ -297,7 +297,7 @@ def _read_numbers(path: Path, reader) -> tuple[list[str], np.ndarray, np.ndarray
             if repeated:
                 more = len(repeated) - REPORTED_PROBLEMS
                 shown = f"{repeated[:REPORTED_PROBLEMS]}" + (f" and {more} more" if more > 0 else "")
-                raise DataError(f"{path}: the header names the columns {shown} more than once")
+                raise DataError(f"{path}: the header names more than once the columns {shown}")
             continue
         if len(line) != len(header):
             raise DataError(
