@@ -21,6 +21,8 @@ workers as before. LitData is an optional dependency: ``pip install -e '.[stream
 
 import io
 import json
+import pickle
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -54,6 +56,7 @@ from .tables import (
     check_header_length,
     check_numeric,
     class_labels,
+    csv_text,
     target_values,
     treat_missing,
 )
@@ -201,13 +204,13 @@ def _read_chunks(path: Path, label_column: str, features: bool = True) -> Iterat
     with the index of its first row; refuses a feature column of text."""
     if not path.is_file():
         raise FileNotFoundError(f"no such file {path}")
-    with path.open(newline="", encoding="utf-8-sig") as file:
+    with csv_text(path), path.open(newline="", encoding="utf-8-sig") as file:
         check_header_length(path, file)  # pandas would read a header without a line break whole
-    header = list(pd.read_csv(path, nrows=0).columns)
+        header = list(pd.read_csv(path, nrows=0).columns)
     if label_column not in header:
         raise DataError(f"{path} has no column {label_column!r}; its columns are {header}")
     columns = None if features else [label_column]
-    for chunk in pd.read_csv(path, chunksize=CHUNK_ROWS, usecols=columns):
+    for chunk in _csv_chunks(path, columns):
         start = int(chunk.index[0])
         labels = chunk.pop(label_column).to_numpy()
         numbers = chunk.apply(pd.to_numeric, errors="coerce").to_numpy(np.float64, copy=True)
@@ -225,17 +228,61 @@ def _read_chunks(path: Path, label_column: str, features: bool = True) -> Iterat
         )
 
 
+def _csv_chunks(path: Path, columns: list[str] | None) -> Iterator[pd.DataFrame]:
+    """A CSV file's rows, ``CHUNK_ROWS`` at a time, refused as the table reader refuses a file
+    that is not CSV text, wherever in the file its text stops being UTF-8."""
+    with csv_text(path):
+        yield from pd.read_csv(path, chunksize=CHUNK_ROWS, usecols=columns)
+
+
+class DamagedShardsError(DataError, ConfigError):
+    """Shards that LitData cannot read, found while reading them: the command line prints one
+    line, from the main process or from a loader worker."""
+
+    def __init__(self, message: str) -> None:
+        # torch re-raises a loader worker's error in the main process as its class, built from
+        # "Caught <class> in DataLoader worker process <n>", then the worker's traceback, whose
+        # last line is "<module>.<class>: <message>": the message is taken back from it.
+        if message.startswith(f"Caught {type(self).__name__} in DataLoader worker"):
+            message = message.rstrip().splitlines()[-1].split(": ", 1)[-1]
+        super().__init__(message)
+
+
+def damaged(input_dir: str, what: Any) -> DamagedShardsError:
+    """The one line that refuses the shards of ``input_dir``: what is damaged."""
+    return DamagedShardsError(
+        f"data.input_dir: {input_dir} holds damaged shards: {what}; write them again with python "
+        "scripts/to_shards.py"
+    )
+
+
+# What LitData's reader and torch.load raise on bytes that are not what was written.
+READING_ERRORS = (struct.error, ValueError, RuntimeError, AssertionError, pickle.UnpicklingError, EOFError)
+
+
+def unreadable(what: str, error: BaseException) -> str:
+    """``what`` cannot be read, with the first line of the reader's error (torch's may be long)."""
+    return f"{what} cannot be read ({(str(error) or type(error).__name__).splitlines()[0]})"
+
+
 class ShardSamples(StreamingDataset):
     """The samples of one split's shards as ``(input, label)`` pairs: a table's features, or an
     image decoded and transformed; with ``shuffle`` (training), each image under the seed of its
     sample and epoch."""
 
-    def __init__(self, input_dir: str, transform: v2.Transform | None, seed: int, **options: Any) -> None:
-        super().__init__(input_dir, seed=seed, **options)
+    def __init__(
+        self, input_dir: str, split: str, transform: v2.Transform | None, seed: int, **options: Any
+    ) -> None:
+        super().__init__(_join(input_dir, split), seed=seed, **options)
+        self.shards, self.split = input_dir, split
         self.image_transform = transform
 
     def __getitem__(self, index: Any) -> tuple[Tensor, Tensor | int | float]:
-        sample = super().__getitem__(index)
+        try:
+            sample = super().__getitem__(index)
+        except READING_ERRORS as error:
+            number = getattr(index, "index", index)  # LitData's loader passes a ChunkedIndex
+            raise damaged(self.shards, unreadable(f"{self.split} sample {number}", error)) from None
         if self.image_transform is None:
             return torch.from_numpy(sample["features"]), sample["label"]
         image = decode_image(
@@ -250,22 +297,23 @@ class ShardSamples(StreamingDataset):
 
 def read_metadata(input_dir: str, cache_dir: str | None) -> dict[str, Any]:
     """What ``write_metadata`` wrote in ``input_dir``, local or remote."""
-    sample = StreamingDataset(_join(input_dir, "metadata"), cache_dir=cache_dir)[0]
-    return torch.load(io.BytesIO(sample["metadata"]), weights_only=True)
+    try:
+        sample = StreamingDataset(_join(input_dir, "metadata"), cache_dir=cache_dir)[0]
+        return torch.load(io.BytesIO(sample["metadata"]), weights_only=True)
+    except READING_ERRORS as error:
+        raise damaged(input_dir, unreadable("metadata", error)) from None
 
 
 def check_shards(input_dir: str) -> None:
     """Refuse local shards that are missing or damaged when the data module is built, before a run
     starts, rather than in LitData's loader mid-run: each dataset's index.json is read and checked,
-    and each chunk it lists must be there, of its size, holding its number of samples."""
+    and each chunk it lists must be there, of its size, holding its number of samples, with their
+    offsets in LitData's layout. A sample's own bytes are only checked when it is read."""
     try:
         formats = {name: _check_dataset(Path(input_dir), name) for name in ("metadata", *SPLITS)}
         _check_formats(formats)
     except DataError as damage:
-        raise DataError(
-            f"data.input_dir: {input_dir} holds damaged shards: {damage}; write them again with python "
-            "scripts/to_shards.py"
-        ) from None
+        raise damaged(input_dir, damage) from None
 
 
 def _check_dataset(root: Path, name: str) -> Any:
@@ -284,6 +332,9 @@ def _check_dataset(root: Path, name: str) -> Any:
     config = described.get("config") if isinstance(described, dict) else None
     if not (isinstance(chunks, list) and all(map(_is_chunk, chunks)) and isinstance(config, dict)):
         raise DataError(f"{name}/index.json is not a LitData index (its chunks, then its config)")
+    if not chunks:
+        raise DataError(f"{name}/index.json lists no chunks; to_shards.py writes at least one")
+    _check_config(name, config)
     for chunk in chunks:
         where, path = f"{name}/{chunk['filename']}", root / name / chunk["filename"]
         if not path.is_file():
@@ -293,10 +344,35 @@ def _check_dataset(root: Path, name: str) -> Any:
             raise DataError(f"{where} is {size:,} bytes; {name}/index.json says {chunk['chunk_bytes']:,}")
         with path.open("rb") as file:  # a chunk starts with its number of samples, then their offsets
             count = int.from_bytes(file.read(4), "little")
+            offsets = file.read(4 * (count + 1)) if size >= 4 * (count + 2) else b""
         if count != chunk["chunk_size"]:
             says = chunk["chunk_size"]
             raise DataError(f"{where} holds {count:,} samples by its header; {name}/index.json says {says:,}")
+        if not _offsets_fit(offsets, count, size):
+            raise DataError(f"{where}'s table of where its samples start and end is damaged")
     return config.get("data_format")
+
+
+def _check_config(name: str, config: dict) -> None:
+    """What LitData reads of an index.json's config before any sample, as to_shards.py writes it:
+    no compression, and the samples' structure (data_spec) as JSON."""
+    if config.get("compression") is not None:
+        raise DataError(
+            f"{name}/index.json's compression is {config['compression']!r}; to_shards.py writes none (null)"
+        )
+    try:
+        json.loads(config.get("data_spec"))
+    except (TypeError, ValueError, RecursionError):
+        raise DataError(f"{name}/index.json's data_spec is not JSON") from None
+
+
+def _offsets_fit(table: bytes, count: int, size: int) -> bool:
+    """Whether a chunk's offsets (the count+1 after its number of samples) are LitData's layout:
+    the first sample starts after them, each ends where the next starts, the last at the end."""
+    if len(table) != 4 * (count + 1):
+        return False
+    offsets = np.frombuffer(table, dtype="<u4").astype(np.int64)
+    return bool(offsets[0] == 4 * (count + 2) and (np.diff(offsets) >= 0).all() and offsets[-1] == size)
 
 
 def _is_chunk(chunk: Any) -> bool:
@@ -372,6 +448,9 @@ class StreamingDataModule(SupervisedDataModule):
     ) -> None:
         super().__init__()
         require_litdata()
+        # Checked here, not in setup: the parser refuses the shards in one line before the run's
+        # directory is made and before DDP starts its ranks (each would print the line). The check
+        # reads each chunk's count and offsets (4 bytes a sample), never the samples.
         if "://" not in input_dir:  # shards in object storage are read as LitData reads them
             check_shards(input_dir)
         self.save_hyperparameters()
@@ -431,7 +510,8 @@ class StreamingDataModule(SupervisedDataModule):
         hparams = self.hparams
         transform = self.transform(train) if self.metadata["kind"] == "images" else None
         dataset = ShardSamples(
-            _join(hparams.input_dir, split),
+            hparams.input_dir,
+            split,
             transform,
             loader_seed(),
             cache_dir=hparams.cache_dir,

@@ -18,7 +18,8 @@ import csv
 import re
 import zipfile
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -182,7 +183,7 @@ def _read_arrays(path: Path, labels_key: str, features_key: str) -> Table:
 def _read_csv(
     path: Path, label_column: str, dropped: set[str], only: Collection[str] | None
 ) -> tuple[Table, list[str]]:
-    try:
+    with csv_text(path):
         with path.open(newline="", encoding="utf-8-sig") as file:
             check_header_length(path, file)
             file.seek(0)
@@ -208,8 +209,6 @@ def _read_csv(
         read_as_text = [*wrong, *textual, *([label] if text_labels else [])]
         with path.open(newline="", encoding="utf-8-sig") as file:
             values = _read_text(csv.reader(file, dialect), read_as_text, len(row_numbers))
-    except (UnicodeDecodeError, csv.Error) as error:
-        raise DataError(f"{path} is not a CSV text file ({error})") from None
     rows = [f"row {number}" for number in row_numbers]
     problems = []
     for j, i in enumerate(wrong):
@@ -236,6 +235,15 @@ def _read_csv(
         dialect.delimiter,
     )
     return table, problems
+
+
+@contextmanager
+def csv_text(path: Path) -> Iterator[None]:
+    """Refuse, in one line naming it, a file read within that is not CSV text (not UTF-8)."""
+    try:
+        yield
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise DataError(f"{path} is not a CSV text file ({error})") from None
 
 
 def _text_problems(path: Path, name: str, column: np.ndarray) -> list[str]:
