@@ -190,7 +190,7 @@ TASK_PARTS = {
     "files": ("refused_inputs", "training", "reports", "report_script", "config", "data", "errors", "export"),
 }
 TASK_PARTS["files"] += ("smoke", "lint", "loggers", "best_checkpoint", "serve", "outside_data", "guide")
-TASK_PARTS["files"] += ("own_module", "cross_validation")  # a module of one's own on the task's data, and folds
+TASK_PARTS["files"] += ("own_module", "cross_validation")  # a module of your own, and folds
 # Tests of those files whose subject is the same in both tasks: torch.compile, DDP launched by
 # Lightning's other two launchers (the ddp_cpu.yaml preset runs in both), the signals and save
 # points of a resume other than a SIGKILL mid-epoch (which runs in both, on the user's path and not),
