@@ -139,7 +139,14 @@ def run_python(project: Path, *args: str, timeout: float = 1800) -> subprocess.C
 # tests run in one worker, where its fixtures are made once (a Slurm cluster, trained projects, a
 # built site); test_generated.py's tests, each a generated project's suite or part of it, are
 # shared out one by one. The slow work goes first, longest first, so both workers end together.
-SLOW_FIRST = ("test_update.py", "test_generated.py", "test_faults.py", "test_slurm.py", "test_release.py")
+SLOW_FIRST = (
+    "test_update.py",
+    "test_generated.py",
+    "test_faults.py",
+    "test_slurm.py",
+    "test_recipes.py",
+    "test_release.py",
+)
 
 
 @pytest.hookimpl(tryfirst=True)

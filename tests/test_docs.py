@@ -47,7 +47,7 @@ def test_every_page_is_in_the_nav():
 def test_every_page_is_rendered_with_its_title(site):
     for page in DOCS.rglob("*.md"):
         relative = page.relative_to(DOCS).with_suffix("")
-        html = site / ("index.html" if relative.name == "index" else relative / "index.html")
+        html = site / (relative.parent if relative.name == "index" else relative) / "index.html"
         assert html.is_file(), f"{page.name} was not rendered"
         title = re.search(r"^# (.+)$", page.read_text(), re.MULTILINE)
         if title:
