@@ -11,7 +11,7 @@ import optuna
 from .report import report
 from .spec import check_parameters, read_sweep
 from .study import SWEEPS_DIR, existing_storage, open_storage, open_study, printable, storage_of, study_name
-from .worker import Worker, fit_settings, launch, quiet_optuna, runs_dir_of
+from .worker import Worker, fit_settings, quiet_optuna, run_here_or_launch, runs_dir_of
 
 
 def show(name_or_file: str, storage: str | None, dashboard: bool, port: int) -> None:
@@ -41,13 +41,8 @@ def sweep(
         open_storage(storage, settings)  # first: a storage that cannot be opened costs no fit's start
         check_parameters(path, settings, fit_settings(fit_args))
     study = open_study(settings, storage, fit_args, runs_dir_of(fit_args))
-    if workers > 1:
-        status = launch(script, words, workers)
-        if status:
-            return status
-    else:
-        Worker(settings, study, storage, fit_args).run()
-        if "SWEEP_WORKER" in os.environ:
-            return 0  # the command that started the workers reports
+    status = run_here_or_launch(Worker(settings, study, storage, fit_args), script, words, workers)
+    if status is not None:
+        return status
     report(study, printable(storage), SWEEPS_DIR / settings["name"])
     return 0

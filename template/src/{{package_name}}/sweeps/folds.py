@@ -22,7 +22,16 @@ from ..errors import ConfigError
 from ..runs.experiments import RECORD_FILE, read_lines
 from .spec import KEYS, SweepError, check_name
 from .study import open_storage, open_study, printable, retry
-from .worker import PACKAGE, Stopped, TrialFailed, Worker, fit_settings, launch, quiet_optuna, runs_dir_of
+from .worker import (
+    PACKAGE,
+    Stopped,
+    TrialFailed,
+    Worker,
+    fit_settings,
+    quiet_optuna,
+    run_here_or_launch,
+    runs_dir_of,
+)
 
 CV_DIR = Path("cross_validation")
 FOLD = "data.init_args.fold"
@@ -91,14 +100,9 @@ def cross_validate(name: str, folds: int, workers: int, words: list[str], script
         open_storage(storage, sweep)
         check_data(settings, folds)
     study = open_study(sweep, storage, fit_args, runs_dir_of(fit_args))
-    if workers > 1:
-        status = launch(script, words, workers)
-        if status:
-            return status
-    else:
-        FoldWorker(sweep, study, storage, fit_args).run()
-        if "SWEEP_WORKER" in os.environ:
-            return 0  # the command that started the workers reports
+    status = run_here_or_launch(FoldWorker(sweep, study, storage, fit_args), script, words, workers)
+    if status is not None:
+        return status
     rows = table(study, sweep["metric"])
     write(rows, CV_DIR / f"{name}.csv")
     print(f"Cross-validation {name} ({printable(storage)}): {len(rows) - 2} of {folds} folds finished")

@@ -70,6 +70,16 @@ def fit_settings(fit_args: list[str]) -> dict[str, Any]:
     return yaml.safe_load(done.stdout) or {}
 
 
+def run_here_or_launch(worker: "Worker", script: str, words: list[str], workers: int) -> int | None:
+    """Run ``worker``'s trials in this process, or start ``workers`` worker processes of ``script``
+    (each given ``words``) and wait for them: the status to exit with at once, or None when this
+    process goes on to report the study."""
+    if workers > 1:
+        return launch(script, words, workers) or None
+    worker.run()
+    return 0 if "SWEEP_WORKER" in os.environ else None  # the command that started the workers reports
+
+
 def worker_id() -> dict[str, Any]:
     """Who runs a trial: this process, and the Slurm job task it belongs to."""
     job = os.environ.get("SLURM_ARRAY_JOB_ID", os.environ.get("SLURM_JOB_ID"))
