@@ -4,6 +4,7 @@ data module is built first, once), the precision the device can run, and ``--con
 
 import ast
 import difflib
+import enum
 import importlib
 import inspect
 import itertools
@@ -108,6 +109,8 @@ def plain_values(config: Namespace) -> None:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):  # an IntEnum or a str Enum member is the member jsonargparse wants
+        return value
     for kind in (bool, int, float, str):
         if isinstance(value, kind):
             return value if type(value) is kind else kind(value)
@@ -373,7 +376,10 @@ def unlisted_choice(message: str) -> str:
     ]
     if not literals or len(literals) + expected.count("<class 'NoneType'>") < len(expected):
         return message
-    choices = [str(choice) for literal in literals for choice in ast.literal_eval(f"[{literal}]")]
+    try:
+        choices = [str(choice) for literal in literals for choice in ast.literal_eval(f"[{literal}]")]
+    except (ValueError, SyntaxError):  # choices that are not Python literals (an Enum's members)
+        return message
     choices += ["null"] * ("<class 'NoneType'>" in expected)
     value = re.search(r"(?:Got|Given) value: (.*)$", within, re.MULTILINE)[1]
     return f"{outer[1]}.init_args.{inner[0]}: '{value}' is not one of {', '.join(choices)}"

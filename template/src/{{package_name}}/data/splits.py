@@ -99,7 +99,10 @@ def fold_indices(
     cutter = StratifiedKFold if classes is not None else KFold
     split = cutter(n_splits=folds, shuffle=True, random_state=seed)
     train, val = list(split.split(rest, None if classes is None else classes[rest]))[fold]
-    return rest[train], rest[val]
+    # scikit-learn gives each part in the order of the samples; shuffled, as the split without folds
+    # is, so that a subset of a part is drawn from all of it, not from the file's first rows.
+    shuffle = np.random.default_rng(seed)
+    return rest[shuffle.permutation(train)], rest[shuffle.permutation(val)]
 
 
 def check_split(
@@ -117,11 +120,12 @@ def check_split(
                 f"{by} leaves the {name} split empty ({counts} of {size} samples); each split needs samples"
             )
         if split.ndim != 1 or split.dtype.kind not in "iu" or split.min() < 0 or split.max() >= size:
+            span = f", from {split.min()} to {split.max()}" if split.dtype.kind in "iufb" else ""
             raise ValueError(
                 f"{by} gave {name} indices that are not positions of the {size} samples (0 to {size - 1}): "
-                f"a {split.dtype} array of shape {split.shape}, from {split.min()} to {split.max()}"
+                f"a {split.dtype} array of shape {split.shape}{span}"
             )
-    repeated = np.flatnonzero(np.bincount(np.concatenate(arrays), minlength=size) > 1)
+    repeated = np.flatnonzero(np.bincount(np.concatenate(arrays).astype(np.int64), minlength=size) > 1)
     if repeated.size:
         raise ValueError(
             f"{by} puts samples in more than one split: {repeated.size}, at positions "

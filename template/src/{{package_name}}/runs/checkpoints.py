@@ -453,7 +453,10 @@ def check_project_model(checkpoint: dict[str, Any]) -> None:
         return
     module_name, _, name = class_path.rpartition(".")
     if module_name.partition(".")[0] == __package__.rpartition(".")[0]:
-        importlib.import_module(module_name)
+        try:
+            importlib.import_module(module_name)
+        except ImportError as error:  # a module of this project renamed, or broken, since
+            raise ValueError(f"{class_path} cannot be imported: {error}") from None
     found = getattr(sys.modules.get(module_name), name, None)
     if not (isinstance(found, type) and issubclass(found, SupervisedModule)):
         raise ValueError(

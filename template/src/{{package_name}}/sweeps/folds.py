@@ -71,7 +71,7 @@ def check_data(settings: dict[str, Any], folds: int) -> None:
         )
     try:
         getattr(importlib.import_module(module), name)(**{**arguments, "folds": folds, "fold": 0}).prepare()
-    except (ConfigError, ValueError) as error:
+    except (ConfigError, ValueError, ImportError) as error:
         raise SweepError(str(error)) from None
 
 
@@ -100,6 +100,8 @@ def cross_validate(name: str, folds: int, workers: int, words: list[str], script
         open_storage(storage, sweep)
         check_data(settings, folds)
     study = open_study(sweep, storage, fit_args, runs_dir_of(fit_args))
+    if "SWEEP_WORKER" not in os.environ:
+        retry_failed(study)
     status = run_here_or_launch(FoldWorker(sweep, study, storage, fit_args), script, words, workers)
     if status is not None:
         return status
@@ -111,6 +113,18 @@ def cross_validate(name: str, folds: int, workers: int, words: list[str], script
     return 0
 
 
+def retry_failed(study: optuna.Study) -> None:
+    """Queue again each fold whose last trial failed and that none finished, runs or waits for, to
+    resume from its last checkpoint: Optuna's grid takes a failed point for a visited one."""
+    settled = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
+    trials = study.get_trials(deepcopy=False)
+    done = {trial.user_attrs.get("run_name") for trial in trials if trial.state in settled}
+    failed = {trial.user_attrs.get("run_name"): trial for trial in trials if trial.state == TrialState.FAIL}
+    for run_name, trial in failed.items():  # the last failure of each run, by the trials' order
+        if run_name not in done and trial.params:
+            retry(study, trial.number, trial.params, run_name)
+
+
 def table(study: optuna.Study, metric: str) -> list[dict[str, Any]]:
     """A row per finished fold (its best ``metric`` and its test metrics, from experiments.jsonl),
     then the mean and the standard deviation of each column."""
@@ -120,7 +134,8 @@ def table(study: optuna.Study, metric: str) -> list[dict[str, Any]]:
         if line.get("stage") == "test"
     }  # the last test line of each run
     finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    trials = sorted(finished, key=lambda trial: trial.params[FOLD])
+    last = {trial.params[FOLD]: trial for trial in sorted(finished, key=lambda trial: trial.number)}
+    trials = [last[fold] for fold in sorted(last)]  # a fold run twice counts once, by its last run
     rows = [
         {"fold": trial.params[FOLD], metric: trial.value, **tests.get(trial.user_attrs["run_name"], {})}
         for trial in trials
