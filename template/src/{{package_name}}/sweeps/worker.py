@@ -58,16 +58,31 @@ def quiet_optuna() -> None:
         handler.addFilter(lambda record: not OPTUNA_FAILED_TRIAL.match(record.getMessage()))
 
 
+PRINT_CONFIG_S = 300  # longer than reading fit's config takes on a loaded machine
+
+
 def fit_settings(fit_args: list[str]) -> dict[str, Any]:
     """The config that every trial's fit starts from: ``fit --print_config`` with ``fit_args``,
     which parses the command line without building anything; or a SweepError with fit's reason."""
     command = [sys.executable, "-m", PACKAGE, "fit", *fit_args, "--print_config"]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=PRINT_CONFIG_S)
+    except subprocess.TimeoutExpired:
+        raise SweepError(
+            f"fit --print_config did not end in {PRINT_CONFIG_S} s: does a module wait on import?"
+        ) from None
     if done.returncode != 0:
         said = [line for line in done.stderr.splitlines() if line.strip()] or [f"status {done.returncode}"]
         reason = next((line for line in said if line.startswith("error: ")), said[-1])
         raise SweepError(f"fit refuses the arguments after --: {reason.removeprefix('error: ')}")
-    return yaml.safe_load(done.stdout) or {}
+    try:
+        return yaml.safe_load(done.stdout) or {}
+    except yaml.YAMLError:  # a module that prints as it is imported, before the config
+        first = done.stdout.strip().splitlines()[0][:80]
+        raise SweepError(
+            f"fit --print_config printed more than its config, starting {first!r}: does a module print "
+            "when imported?"
+        ) from None
 
 
 def run_here_or_launch(worker: "Worker", script: str, words: list[str], workers: int) -> int | None:
