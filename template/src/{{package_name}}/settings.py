@@ -22,7 +22,7 @@ from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters_c
 
 from .data import SupervisedDataModule, gives_sizes
 from .errors import ConfigError, UsageError, message_of
-from .models.base import check_task
+from .models.base import SupervisedModule, check_task
 from .runs.directory import RUNS_DIR
 
 # LightningCLI's own optimizer options would bypass the model's warm-up and schedule.
@@ -128,7 +128,7 @@ def _advice(config: Namespace, shipped: str) -> str:
     which take their optimizer and schedule as arguments; for a module of one's own, its own way."""
     class_path = (config.get("model") or Namespace()).get("class_path")
     model = class_at(class_path) if isinstance(class_path, str) else None
-    if not isinstance(model, type) or {"optimizer", "schedule"} & inspect.signature(model).parameters.keys():
+    if not isinstance(model, type) or issubclass(model, SupervisedModule):  # the project's models
         return shipped
     name = model.__name__
     return (

@@ -30,6 +30,7 @@ from typing import IO
 RUNS_DIR = Path("checkpoints")  # the default of --runs_dir
 LAST_CHECKPOINT = "last.ckpt"  # the newest checkpoint of a run, in its directory
 LOCK_FILE = ".lock"
+HOLDER_TRIES = 20  # a second, at most, for a process that has just taken a lock to write its number
 NAME = re.compile(r"[\w][\w.=+@-]*")
 
 # The lock files this process holds, open for as long as it lives (a lock is per open file).
@@ -149,8 +150,7 @@ def _lock(run_dir: Path, note: bool = True) -> IO[str]:
     try:
         fcntl.lockf(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:  # held by another process
-        file.seek(0)
-        holder = file.read().strip()
+        holder = _holder(file)
         file.close()
         who = f"process {holder}" if holder else "another process"
         raise RunDirectoryError(
@@ -165,6 +165,17 @@ def _lock(run_dir: Path, note: bool = True) -> IO[str]:
         file.write(f"{os.getpid()}\n")
         file.flush()
     return file
+
+
+def _holder(file: IO[str]) -> str:
+    """The number of the process that holds the lock of ``file``, as it writes it right after
+    taking the lock: waited for a moment, or empty."""
+    for _ in range(HOLDER_TRIES):
+        file.seek(0)
+        if holder := file.read().strip():
+            return holder
+        time.sleep(0.05)
+    return ""
 
 
 def _made(run_dir: Path) -> bool:
