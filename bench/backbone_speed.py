@@ -1,4 +1,4 @@
-"""How fast the project's backbone (models/backbone.py) trains on the CPU at 224 pixels, and where
+"""How fast the project's backbone (framework/models/backbone.py) trains on the CPU at 224 pixels, and where
 the time of one image goes.
 
 Writes once, and keeps, JPEG photos of a usual photo's size (500 x 375: crops of scikit-learn's
@@ -139,8 +139,8 @@ def main() -> None:
         workdir = Path(tempfile.mkdtemp(prefix="bench-backbone-"))
         args.project = generate(workdir, args.template)
     sys.path.insert(0, str(args.project / "src"))
-    images = importlib.import_module(f"{args.package}.data.images")
-    backbone = importlib.import_module(f"{args.package}.models.backbone")
+    images = importlib.import_module(f"{args.package}.framework.data.images")
+    backbone = importlib.import_module(f"{args.package}.framework.models.backbone")
 
     args.images.mkdir(parents=True, exist_ok=True)
     name = f"photos-{WIDTH}x{HEIGHT}-{args.photos}"

@@ -119,7 +119,7 @@ def main() -> None:
     network.load_state_dict(torch.load(args.init, weights_only=True))
     if args.compile:
         network.compile()
-    lr_factor = importlib.import_module(f"{args.package}.models.base").lr_factor
+    lr_factor = importlib.import_module(f"{args.package}.framework.models.base").lr_factor
     data.setup("fit")
     total_steps = args.max_epochs * math.ceil(len(data.splits["train"]) / args.batch_size / args.devices)
     workdir = Path(args.workdir)

@@ -120,8 +120,8 @@ def evaluate(model, loader) -> tuple[float, float]:
 def evaluate_epochs(package: str, args: list[str], run_dir: Path) -> tuple[list[dict], int]:
     """Every epoch's checkpoint of the run on its validation and test splits, in this process;
     and the number of validation samples."""
-    cli_module = __import__(f"{package}.cli", fromlist=["main"])
-    utils = __import__(f"{package}.runs.checkpoints", fromlist=["load_weights", "read_checkpoint"])
+    cli_module = __import__(f"{package}.framework.cli", fromlist=["main"])
+    utils = __import__(f"{package}.framework.runs.checkpoints", fromlist=["load_weights", "read_checkpoint"])
     cli = cli_module.main([*args, "--trainer.logger=false"], run=False)
     model, data = cli.model, cli.datamodule
     data.setup("fit")

@@ -47,10 +47,10 @@ def main() -> None:
     parser.add_argument("--package", required=True)
     parser.add_argument("cli_args", nargs=argparse.REMAINDER, help="the arguments of the project's CLI")
     args = parser.parse_args()
-    checkpointing = importlib.import_module(f"{args.package}.runs.checkpoints")
-    timing = importlib.import_module(f"{args.package}.utils.timing")
-    tracking = importlib.import_module(f"{args.package}.utils.tracking")
-    classifier = importlib.import_module(f"{args.package}.models.classifier").Classifier
+    checkpointing = importlib.import_module(f"{args.package}.framework.runs.checkpoints")
+    timing = importlib.import_module(f"{args.package}.framework.utils.timing")
+    tracking = importlib.import_module(f"{args.package}.framework.utils.tracking")
+    classifier = importlib.import_module(f"{args.package}.framework.models.classifier").Classifier
 
     timed(training_epoch_loop._TrainingEpochLoop, "advance", "a training step (loop advance)")
     timed(fit_loop._FitLoop, "on_advance_end", "an epoch's end (fit loop on_advance_end)")
@@ -70,7 +70,7 @@ def main() -> None:
     timed(CSVLogger, "log_metrics", "CSVLogger.log_metrics (kept in memory)")
     timed(CSVLogger, "save", "CSVLogger.save (writes metrics.csv)")
 
-    importlib.import_module(f"{args.package}.cli").main(args.cli_args)
+    importlib.import_module(f"{args.package}.framework.cli").main(args.cli_args)
     print(f"\n{'total ms':>10s} {'calls':>6s} {'ms/call':>8s}  function")
     for label in sorted(totals, key=totals.get, reverse=True):
         total = 1000 * totals[label]

@@ -87,7 +87,7 @@ def main() -> None:
     )
     network.load_state_dict(torch.load(args.init, weights_only=True))
     model = torch.compile(network) if args.compile else network
-    lr_factor = importlib.import_module(f"{args.package}.models.base").lr_factor
+    lr_factor = importlib.import_module(f"{args.package}.framework.models.base").lr_factor
     del package
 
     optimizer = AdamW(network.parameters(), lr=3e-3, weight_decay=0.01)

@@ -137,7 +137,7 @@ def main() -> None:
     command_s = cli("predict", f"--ckpt_path={checkpoint}", f"--inputs={inputs}")
 
     import torch
-    from bench_proj.serving import Predictor
+    from bench_proj.framework.serving import Predictor
 
     torch.set_num_threads(1)
     predictor = Predictor(checkpoint)

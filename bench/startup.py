@@ -47,7 +47,7 @@ def commands(package: str, run_name: str) -> dict[str, list[str]]:
     fit = [python, "-m", package, "fit", "--trainer.max_epochs=1", "--data.init_args.subset=64"]
     return {
         FLOOR: [python, "-c", "import lightning"],
-        "import_cli": [python, "-c", f"import {package}.cli"],
+        "import_cli": [python, "-c", f"import {package}.framework.cli"],
         "fit_help": [python, "-m", package, "fit", "--help"],
         "fit": [*fit, f"--run_name={run_name}"],
         "fit_no_logger": [*fit, "--trainer.logger=false", f"--run_name={run_name}-no-logger"],

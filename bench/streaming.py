@@ -1,4 +1,4 @@
-"""Benchmark: LitData shards (data/streaming.py) against memory and against image files.
+"""Benchmark: LitData shards (framework/data/streaming.py) against memory and against image files.
 
 1. Memory. Writes a CSV file of about ``--mb`` megabytes (100 numeric features, a label of ten
    classes), row by row, never whole. A fresh process converts it to shards
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-BASELINE = "import torch, lightning, litdata, pandas, sklearn, {package}.cli"
+BASELINE = "import torch, lightning, litdata, pandas, sklearn, {package}.framework.cli"
 CONVERT = (
-    "from pathlib import Path; from {package}.data.streaming import table_to_shards; "
+    "from pathlib import Path; from {package}.framework.data.streaming import table_to_shards; "
     "table_to_shards(Path({csv!r}), Path({output!r}))"
 )
 FEATURES, CLASSES = 100, 10

@@ -25,7 +25,7 @@ import numpy as np
 MEASURE = """
 import resource, sys
 import torch
-from {package}.data.file import FileDataModule
+from {package}.framework.data.file import FileDataModule
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 FileDataModule(path=sys.argv[1], batch_size=256).setup("fit")
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -35,4 +35,4 @@ def test_defaults_derive_the_names_from_the_destination(default_project):
     answers = (default_project / ".copier-answers.yml").read_text()
     assert "project_name: my-project" in answers
     assert "package_name: my_project" in answers
-    assert (default_project / "src" / "my_project" / "cli.py").is_file()
+    assert (default_project / "src" / "my_project" / "framework/cli.py").is_file()

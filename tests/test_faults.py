@@ -181,7 +181,7 @@ def _best(run_dir: Path) -> list[str]:
 def test_a_run_killed_at_random_points_ends_as_one_never_killed(tmp_path, monkeypatch):
     project = copy_template(tmp_path / PACKAGE)
     monkeypatch.syspath_prepend(str(project / "src"))  # as run_python gives it to the project's processes
-    read_checkpoint = importlib.import_module(f"{PACKAGE}.runs.checkpoints").read_checkpoint
+    read_checkpoint = importlib.import_module(f"{PACKAGE}.framework.runs.checkpoints").read_checkpoint
     (project / "chaos.py").write_text(CHAOS)
     (project / "events").mkdir()
 

@@ -72,7 +72,7 @@ def test_layout(generated, key):
         ".copier-answers.yml",
     ]:
         assert (project / path).is_file(), path
-    for path in ["cli.py", "__main__.py", "models/classifier.py", "models/regressor.py", "runs/record.py"]:
+    for path in ["framework/cli.py", "__main__.py", "framework/models/classifier.py", "framework/models/regressor.py", "framework/runs/record.py"]:
         assert (package / path).is_file(), path
     # The bundled dataset of the task, and not the other one.
     dataset, other = ("diabetes", "digits") if MATRIX[key]["task"] == "regression" else ("digits", "diabetes")

@@ -9,7 +9,7 @@ from conftest import ROOT
 UPDATING = ROOT / "docs" / "updating.md"
 HEADER = "| yours: once you edit one, an update never touches it |"
 # Template-owned modules and folders that v0.5.0 moved or added; the table must name them.
-MOVED_OR_NEW = ("runs/", "sweeps/", "settings.py", "data/contract.py", "data/splits.py")
+MOVED_OR_NEW = ("runs/", "sweeps/", "framework/settings.py", "framework/data/contract.py", "framework/data/splits.py")
 
 
 def skip_if_exists(package: str) -> list[str]:

@@ -13,7 +13,7 @@ import gc
 
 gc.disable()
 try:
-    from .cli import main
+    from .framework.cli import main
 finally:
     gc.freeze()
     gc.enable()

@@ -1,8 +1,7 @@
-"""Networks (plain ``nn.Module``, one family per file) and the LightningModules that train them."""
+"""Your networks (plain ``nn.Module``, one family per file) and LightningModules, beside the
+template's, which configs name by these short paths (``<package>.models.Classifier``)."""
 
-from .base import SupervisedModule
-from .classifier import Classifier
+from ..framework.models import Classifier, Regressor, SupervisedModule
 from .mlp import MLP
-from .regressor import Regressor
 
 __all__ = ["MLP", "Classifier", "Regressor", "SupervisedModule"]

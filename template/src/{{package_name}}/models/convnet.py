@@ -1,4 +1,4 @@
-"""A small convolutional network for images (see data/images.py)."""
+"""A small convolutional network for images (see framework/data/images.py)."""
 
 from collections.abc import Sequence
 

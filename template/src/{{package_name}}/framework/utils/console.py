@@ -10,7 +10,7 @@ import warnings
 from typing import Any
 
 # Set by --verbose, and seen by the processes a command starts (DDP's, wandb's) too.
-VERBOSE_VARIABLE = f"{__package__.split('.')[0].upper()}_VERBOSE"
+VERBOSE_VARIABLE = f"{__name__.partition('.')[0].upper()}_VERBOSE"
 # Lightning's information lines that nothing follows from: what hardware it found, the seed, the
 # checkpoint it restored, how DDP started; the command's summary says what matters of them.
 ROUTINE_LINES = re.compile(
@@ -50,7 +50,7 @@ def quiet() -> None:
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
     # Lightning's advice to raise num_workers, on a machine of many CPUs: in-memory arrays are
-    # served fastest by the main process (data/base.py), and image folders take one worker per CPU
+    # served fastest by the main process (framework/data/base.py), and image folders take one worker per CPU
     # but one by default.
     warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck")
     # Lightning's hint to use srun on any machine where Slurm is installed: scripts/slurm/train.sbatch

@@ -3,7 +3,7 @@ or, when it fails on an error a user can act on, one line.
 
 Paths are shown as a shell would take them from where the command ran: relative when they are
 below that directory, absolute otherwise. By default a command prints the progress bar, its
-summary and warnings (``utils/console.py`` says what ``--verbose`` adds).
+summary and warnings (``framework/utils/console.py`` says what ``--verbose`` adds).
 """
 
 import errno

@@ -208,7 +208,7 @@ def build_data(
 ) -> SupervisedDataModule | None:
     """The run's data module, built before the model so that the model's sizes can be read from it
     (``set_sizes``), and handed to LightningCLI in place of a second one, so the data is read once.
-    None for a data module that gives no sizes (``data/contract.py``), which LightningCLI builds.
+    None for a data module that gives no sizes (``framework/data/contract.py``), which LightningCLI builds.
 
     It is built as LightningCLI builds one: its hyper-parameters are the config's, with its class
     path, so that test and predict rebuild it from a checkpoint.

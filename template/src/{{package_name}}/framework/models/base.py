@@ -34,7 +34,7 @@ class SupervisedModule(LightningModule):
     classifier gives its ``class_names``, which the callbacks read.
 
     What it reads of the data module (``trainer.datamodule``) is written down in
-    ``data/contract.py``: its ``task``, ``batch_size`` and fitted ``preprocessing``.
+    ``framework/data/contract.py``: its ``task``, ``batch_size`` and fitted ``preprocessing``.
 
     The constrained types (``PositiveFloat`` and the like) make the CLI refuse an impossible value
     at start-up, naming its key.

@@ -41,7 +41,7 @@ from .data.tables import LARGEST_VALUE, MISSING_CATEGORY, Table, numeric_problem
 from .runs.checkpoints import check_made_here, check_project_model, load_trained, read_checkpoint
 from .utils.predictions import top_classes
 
-PACKAGE = __package__
+PACKAGE = __name__.partition(".")[0]
 SERVER_PROCESS = os.getpid()
 # How deep a request's JSON may nest (``{"rows": [{...}]}`` is 3): a deeper one would exhaust the
 # recursion of what reads it after the check (LitServe's parser, the queues to its workers).

@@ -17,8 +17,8 @@ from ..utils.monitor import best_of, kept_by
 from . import directory
 from .checkpoints import check_made_here, read_checkpoint
 
-PACKAGE = __package__.rpartition(".")[0]
-TRACKING_LOGGER = f"{PACKAGE}.utils.tracking.WandbLogger"
+PACKAGE = __name__.partition(".")[0]
+TRACKING_LOGGER = f"{PACKAGE}.framework.utils.tracking.WandbLogger"
 # Processes that Lightning starts for DDP re-run the command line; they read rank 0's start time here.
 START_TIME_VARIABLE = f"{PACKAGE.upper()}_START_TIME"
 # Data settings of how to load, not of what is loaded: an evaluation may change them from the

@@ -1,14 +1,14 @@
 """The command line: ``python -m <package> {fit,validate,test,predict}``, built on LightningCLI,
-and ``serve`` (``serving.py``).
+and ``serve`` (``framework/serving.py``).
 
 Every run writes into one directory, ``<runs_dir>/<run_name>/`` (``checkpoints/<run_name>/`` by
-default; the rules are in ``runs/directory.py``): checkpoints, logger files and the resolved config.
+default; the rules are in ``framework/runs/directory.py``): checkpoints, logger files and the resolved config.
 ``fit --ckpt_path`` on a checkpoint of a run continues that run in its directory
 (``--ckpt_path last`` finds the latest one). Runs that evaluate a checkpoint
 (validate, test, predict) rebuild its model and data settings from it, and write into
 ``<subcommand>-<time>/`` inside the directory of the run that made it.
 
-Here: the options and the subcommands; ``runs/`` holds the life cycle of a run, ``settings.py``
+Here: the options and the subcommands; ``runs/`` holds the life cycle of a run, ``framework/settings.py``
 the options a run takes and the checks on them.
 """
 
@@ -37,13 +37,14 @@ from .utils import PredictionWriter
 from .utils.console import is_verbose, quiet, quiet_evaluation, take_verbose
 from .utils.tracking import WandbLogger, end_tracking
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = __name__.partition(".")[0]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 # The template's defaults, then the project's own model and data (a file that copier update never
 # changes; the variable names another in its place, as the tests do); every --config and
 # --key=value applies on top.
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
 PROJECT_CONFIG = PROJECT_ROOT / "configs" / "project.yaml"
-PROJECT_CONFIG_VARIABLE = f"{__package__.upper()}_PROJECT_CONFIG"
+PROJECT_CONFIG_VARIABLE = f"{PACKAGE.upper()}_PROJECT_CONFIG"
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # Lightning's own descriptions are the first lines of its docstrings, which stop mid-sentence.
 SUBCOMMAND_HELP = {
@@ -184,7 +185,7 @@ class CLI(LightningCLI):
         if self._end_run():
             parameters = sum(parameter.numel() for parameter in self.model.parameters())
             line = self._callback(ExperimentRecord).last_line("fit")
-            print(fit_summary(line, __package__, parameters, self.network_input))
+            print(fit_summary(line, PACKAGE, parameters, self.network_input))
 
     def after_validate(self) -> None:
         self._print_evaluation("validate", "val/")
@@ -244,14 +245,14 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
     args, words = take_verbose(args)
     found = _default_config_files()
     defaults = {"default_config_files": found} if found else {}
-    parser_kwargs = {"prog": f"python -m {__package__}", "epilog": SERVE_HELP}
+    parser_kwargs = {"prog": f"python -m {PACKAGE}", "epilog": SERVE_HELP}
     if run:
         parser_kwargs |= {name: {**defaults, "description": SUBCOMMAND_HELP[name]} for name in SUBCOMMANDS}
     else:
         parser_kwargs |= defaults
     failed = True  # then what the command made and holds no checkpoint goes, so that it can be run again
     try:
-        settings.check_config_words(words, __package__, SUBCOMMANDS if run else ())
+        settings.check_config_words(words, PACKAGE, SUBCOMMANDS if run else ())
         cli = CLI(
             args=args,
             run=run,

@@ -39,7 +39,7 @@ class PredictionWriter(BasePredictionWriter):
       ``output_columns``).
 
     ``index`` is the sample's position in the predicted samples; ``<where>`` the columns the data
-    module's ``sample_columns`` gives (see ``data/contract.py``): an ``ArrayDataModule``'s ``row``,
+    module's ``sample_columns`` gives (see ``framework/data/contract.py``): an ``ArrayDataModule``'s ``row``,
     the sample's row in the data it loaded (for a data file, the file's row; for ``predict
     --inputs``, the row in that file), an ``ImageFolderDataModule``'s ``file``, the image file.
     ``label`` and ``target`` are present when the batches carry them (``(inputs, labels)``). A

@@ -131,7 +131,7 @@ class LastCheckpoint(Checkpoint):
     It is saved after every training epoch (after validation), every ``every_n_train_steps``
     optimizer steps if that is above 0, and when SIGTERM or Ctrl-C stops the run: at the end of
     the optimizer step under way, or of the epoch if the signal comes during its last step or its
-    validation (see ``runs/interrupts.py``). Then one line says what was saved and how to resume.
+    validation (see ``framework/runs/interrupts.py``). Then one line says what was saved and how to resume.
     Every checkpoint of the run also carries the random number generators' states and the
     loggers' run ids, so that a resumed run draws the same dropout masks and continues the same
     logger runs. Weights that are no longer finite are never saved.
@@ -427,7 +427,7 @@ def check_made_here(checkpoint: dict[str, Any], path: str | Path) -> None:
     """Refuse a Lightning checkpoint of another project: one whose model or data class is in a
     package not installed here. Found without importing anything: the command line would fail to
     import the class, over many lines, and Lightning's loader refuses a class not imported."""
-    package = __package__.rpartition(".")[0]
+    package = __name__.partition(".")[0]
     for key, kind in (("hyper_parameters", "model"), ("datamodule_hyper_parameters", "data")):
         hyper_parameters = checkpoint.get(key)
         class_path = hyper_parameters.get("_class_path") if isinstance(hyper_parameters, dict) else None
@@ -452,7 +452,7 @@ def check_project_model(checkpoint: dict[str, Any]) -> None:
     if not isinstance(class_path, str):
         return
     module_name, _, name = class_path.rpartition(".")
-    if module_name.partition(".")[0] == __package__.rpartition(".")[0]:
+    if module_name.partition(".")[0] == __name__.partition(".")[0]:
         try:
             importlib.import_module(module_name)
         except ImportError as error:  # a module of this project renamed, or broken, since
@@ -474,7 +474,7 @@ def load_trained(path: str | Path) -> tuple[LightningModule, LightningDataModule
         raise ValueError(f"{path} is not a Lightning checkpoint; a state_dict lacks the model config")
     check_made_here(checkpoint, path)
     check_project_model(checkpoint)
-    package = __package__.rpartition(".")[0]
+    package = __name__.partition(".")[0]
     for hyper_parameters in ("hyper_parameters", "datamodule_hyper_parameters"):
         class_path = checkpoint.get(hyper_parameters, {}).get("_class_path", "")
         if class_path.startswith(f"{package}."):

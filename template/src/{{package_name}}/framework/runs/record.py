@@ -1,5 +1,5 @@
 """The experiment record's callback: one JSON line per fit and test appended to ``experiments.jsonl``
-(``runs/experiments.py`` writes and reads the file)."""
+(``framework/runs/experiments.py`` writes and reads the file)."""
 
 import subprocess
 import time
@@ -87,7 +87,7 @@ class ExperimentRecord(Callback):
         self._earlier_parts = state_dict.get("parts", earlier)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # A trial of a sweep that its pruner stopped early (sweeps/trial.py).
+        # A trial of a sweep that its pruner stopped early (framework/sweeps/trial.py).
         pruned = any(getattr(callback, "pruned", False) for callback in trainer.callbacks)
         self._write_fit(trainer, pl_module, "pruned" if pruned else "finished")
 

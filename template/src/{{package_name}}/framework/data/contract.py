@@ -24,7 +24,7 @@ class SupervisedDataModule(LightningDataModule):
     A subclass gives:
 
     - ``task``: ``classification`` (labels are class indices) or ``regression`` (labels are
-      numbers); a model of the other task is refused (``models/base.py``'s ``check_task``).
+      numbers); a model of the other task is refused (``framework/models/base.py``'s ``check_task``).
     - ``batch_size``: samples per batch on each process; the model's effective batch size and
       ``scale_lr`` are reckoned from it.
     - ``num_features``: the number of values the network receives per sample.

@@ -27,8 +27,8 @@ from .report import shown
 from .spec import SweepError, budget_of, suggest
 from .study import LOST, STORAGE_VARIABLE, SWEEPS_DIR, fail_stale, retry
 
-PACKAGE = __package__.rpartition(".")[0]
-TRIAL_CALLBACK = f"{PACKAGE}.sweeps.trial.SweepTrial"
+PACKAGE = __name__.partition(".")[0]
+TRIAL_CALLBACK = f"{PACKAGE}.framework.sweeps.trial.SweepTrial"
 FAILURES_IN_A_ROW = 3
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 WAIT_S = 5  # how often a worker with no trial left to start looks at the others'

@@ -1,0 +1,37 @@
+"""The template's data modules: splitting, checks and preprocessing apart from where the samples
+come from, and the modules for a file, an image folder and LitData shards."""
+
+from typing import TYPE_CHECKING
+
+from .base import ArrayDataModule
+from .contract import SupervisedDataModule, gives_sizes
+from .file import FileDataModule
+from .images import ImageFolderDataModule
+from .preprocessing import Preprocessing
+from .tables import Table, read_table
+
+if TYPE_CHECKING:
+    from .streaming import StreamingDataModule
+
+__all__ = [
+    "ArrayDataModule",
+    "FileDataModule",
+    "ImageFolderDataModule",
+    "Preprocessing",
+    "StreamingDataModule",
+    "SupervisedDataModule",
+    "Table",
+    "gives_sizes",
+    "read_table",
+]
+
+
+def __getattr__(name: str) -> object:
+    # StreamingDataModule is imported when first asked for (its class path in a config): LitData
+    # and the object-storage clients it brings (boto3, requests), 290 modules, took 0.2 to 0.3 s
+    # to import, which every command would otherwise pay.
+    if name == "StreamingDataModule":
+        from .streaming import StreamingDataModule
+
+        return StreamingDataModule
+    raise AttributeError(name)
