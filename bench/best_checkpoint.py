@@ -15,7 +15,7 @@ picks (mean and worst over the seeds):
 - ``last``: the last epoch (``last.ckpt``).
 
 The tables, written as CSV files and read through ``configs/data/file.yaml`` as the project's
-tests/test_own_data.py writes them (a column of text, the labels by name or number): ``digits``
+tests/template/test_own_data.py writes them (a column of text, the labels by name or number): ``digits``
 (the default data module, 1,797 samples, 270 for validation), ``breast_cancer`` (569, 86) and
 ``wine`` (178, 27). Run ``i`` sets ``seed_everything`` to 42 + i and ``data.init_args.split_seed``
 to i, so run 0 is the default config itself.
@@ -60,7 +60,7 @@ def package_of(project: Path) -> str:
 
 
 def terciles(values: np.ndarray, names: list[str]) -> list[str]:
-    """Each value's third of the data, by name: a column of text (as tests/test_own_data.py)."""
+    """Each value's third of the data, by name: a column of text (as tests/template/test_own_data.py)."""
     return [names[i] for i in np.searchsorted(np.quantile(values, [1 / 3, 2 / 3]), values)]
 
 

@@ -1,4 +1,4 @@
-"""Evidence that fine-tuning helps, offline: the generated project's ``tests/test_finetuning.py``
+"""Evidence that fine-tuning helps, offline: the generated project's ``tests/template/test_finetuning.py``
 experiment over more seeds, printed as the markdown table of docs/finetuning.md.
 
 A timm ``test_resnet`` (0.37M parameters) is pretrained once on the bundled digits 0-4, as PNG

@@ -19,7 +19,7 @@ CATALOGUE = ROOT / "docs" / "errors.md"
 TEMPLATE = ROOT / "template"
 SOURCES = sorted([*(TEMPLATE / "src").rglob("*.py*"), *(TEMPLATE / "scripts").glob("*.py*")])
 # Conditional files too: "{% if task != 'regression' %}test_streaming.py{% endif %}.jinja".
-TESTS = sorted((TEMPLATE / "tests").glob("*test_*.py*"))
+TESTS = sorted((TEMPLATE / "tests").rglob("*test_*.py*"))
 ANY = "\0"  # what a replacement field or a placeholder becomes
 # Exceptions whose message the CLI or a script prints as an error line.
 RAISED = re.compile(r"\w*Error")

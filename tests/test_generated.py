@@ -61,7 +61,7 @@ def test_layout(generated, key):
         "scripts/train.py",
         "scripts/evaluate.py",
         "scripts/predict.py",
-        "tests/test_smoke.py",
+        "tests/template/test_smoke.py",
         "README.md",
         "GUIDE.md",
         ".github/workflows/ci.yml",
@@ -156,11 +156,11 @@ def test_a_plain_pytest_runs_the_smoke_suite_and_full_runs_every_test(generated,
     project = shutil.copytree(generated("loggers=wandb+csv"), tmp_path / "project")
     plain, full = _collected(project), _collected(project, "--full")
     assert plain == _collected(project, "-m", "smoke")
-    assert "tests/test_smoke.py::test_fit_validate_resume_test_predict" in plain
+    assert "tests/template/test_smoke.py::test_fit_validate_resume_test_predict" in plain
     assert not [test for test in plain if "test_user_path" in test or "test_ddp" in test]
     assert set(plain) < set(full) and any("test_user_path" in test for test in full)
     # Naming a file runs all of it, smoke or not.
-    assert _collected(project, "tests/test_ddp.py") == [test for test in full if "test_ddp.py" in test]
+    assert _collected(project, "tests/template/test_ddp.py") == [test for test in full if "test_ddp.py" in test]
 
 
 # Which of a generated project's tests run, by answer set (each part is one test here, so that

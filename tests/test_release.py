@@ -67,7 +67,7 @@ def test_a_user_copy_is_the_newest_release_and_trains_and_passes_its_tests(tmp_p
     assert test["test"]["test/acc"] >= 0.95
 
     # Then the user points configs/project.yaml at data of their own (scikit-learn's wine, as a CSV
-    # file) and another network width. The tests train tests/reference.yaml's model and data, so
+    # file) and another network width. The tests train tests/template/reference.yaml's model and data, so
     # their numbers still hold; the one test that trains project.yaml's choice trains the wine.
     wine = load_wine()
     rows = np.column_stack([wine.data, wine.target])
@@ -80,7 +80,7 @@ def test_a_user_copy_is_the_newest_release_and_trains_and_passes_its_tests(tmp_p
     (project / "configs" / "project.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
     output = command("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA").stdout
-    assert "PASSED tests/test_smoke.py::test_the_projects_own_model_and_data_train_and_test" in output
+    assert "PASSED tests/template/test_smoke.py::test_the_projects_own_model_and_data_train_and_test" in output
     # Tests whose precondition this machine lacks are skipped (CI runs as root: no read-only directories).
     passed_only = r"\d+ passed(, \d+ skipped)?, \d+ deselected(, \d+ warnings?)? in .+"
     summary = output.splitlines()[-1]
