@@ -8,8 +8,11 @@ from conftest import ROOT
 
 UPDATING = ROOT / "docs" / "updating.md"
 HEADER = "| yours: once you edit one, an update never touches it |"
-# Template-owned modules and folders that v0.5.0 moved or added; the table must name them.
-MOVED_OR_NEW = ("runs/", "sweeps/", "framework/settings.py", "framework/data/contract.py", "framework/data/splits.py")
+# The template's folders of code and tests (v0.17.0); the table must name them.
+TEMPLATE_FOLDERS = ("framework/", "template/")
+# The most lines of Python a project has outside src/<package>/framework/: the user's files and
+# the package's __init__.py and __main__.py files.
+OUTSIDE_FRAMEWORK_LINES = 600
 
 
 def skip_if_exists(package: str) -> list[str]:
@@ -51,7 +54,7 @@ def assert_agrees(yours: set[str], template: set[str], patterns: list[str]) -> N
         assert not any(fnmatch(entry, pattern) for pattern in patterns), f"{entry} is the user's"
         if entry.endswith("/"):
             assert not any(pattern.startswith(entry) for pattern in patterns), f"{entry} holds user files"
-    for name in MOVED_OR_NEW:
+    for name in TEMPLATE_FOLDERS:
         assert any(entry.endswith(f"/{name}") for entry in template), f"{name} not in the template column"
 
 
@@ -76,7 +79,29 @@ def test_the_guides_table_is_a_copy_that_names_the_projects_files(generated):
             assert copy == updating, "GUIDE.md's table is not docs/updating.md's"
 
 
-def test_the_layout_page_points_to_the_table():
-    layout = (ROOT / "docs" / "layout.md").read_text()
-    assert HEADER not in layout
-    assert "updating.md#whose-files-are-whose" in layout
+def test_the_layout_page_shows_the_same_table():
+    assert table_rows((ROOT / "docs" / "layout.md").read_text()) == table_rows(UPDATING.read_text())
+
+
+def test_the_package_is_the_users_files_and_one_folder_of_the_templates(generated):
+    for key in ("loggers=wandb+csv", "task=regression,loggers=wandb+csv"):
+        project = generated(key)
+        package = next((project / "src").iterdir())
+        users = skip_if_exists(package.name)
+        outside = [
+            path
+            for path in package.rglob("*.py")
+            if "framework" not in path.relative_to(package).parts and "__pycache__" not in path.parts
+        ]
+        theirs = [
+            str(path.relative_to(project))
+            for path in outside
+            if path.name not in ("__init__.py", "__main__.py")
+            and not any(fnmatch(str(path.relative_to(project)), pattern) for pattern in users)
+        ]
+        assert theirs == [], f"{key}: template files outside src/{package.name}/framework/"
+        lines = sum(len(path.read_text().splitlines()) for path in outside)
+        assert lines <= OUTSIDE_FRAMEWORK_LINES, f"{key}: {lines} lines outside framework/"
+        tests = project / "tests"
+        top = sorted(path.name for path in tests.iterdir() if path.is_file())
+        assert top == ["conftest.py", "test_models.py"], f"{key}: the top of tests/ holds {top}"

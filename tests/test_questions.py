@@ -76,4 +76,5 @@ def test_the_copy_ends_with_where_the_users_code_goes_and_the_readmes_commands(t
     assert commands[0] == f"cd {destination}"
     for command in commands[1:]:  # each one is the README's, as a user reads it there
         assert command in readme, command
-    assert "src/weather/models/" in said and "configs/project.yaml" in said
+    assert "src/weather/models/" in said and "configs/project.yaml" in said and "analysis/" in said
+    assert "src/weather/framework/ and tests/template/ are the" in said
