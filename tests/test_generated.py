@@ -72,7 +72,13 @@ def test_layout(generated, key):
         ".copier-answers.yml",
     ]:
         assert (project / path).is_file(), path
-    for path in ["framework/cli.py", "__main__.py", "framework/models/classifier.py", "framework/models/regressor.py", "framework/runs/record.py"]:
+    for path in [
+        "framework/cli.py",
+        "__main__.py",
+        "framework/models/classifier.py",
+        "framework/models/regressor.py",
+        "framework/runs/record.py",
+    ]:
         assert (package / path).is_file(), path
     # The bundled dataset of the task, and not the other one.
     dataset, other = ("diabetes", "digits") if MATRIX[key]["task"] == "regression" else ("digits", "diabetes")
@@ -160,7 +166,9 @@ def test_a_plain_pytest_runs_the_smoke_suite_and_full_runs_every_test(generated,
     assert not [test for test in plain if "test_user_path" in test or "test_ddp" in test]
     assert set(plain) < set(full) and any("test_user_path" in test for test in full)
     # Naming a file runs all of it, smoke or not.
-    assert _collected(project, "tests/template/test_ddp.py") == [test for test in full if "test_ddp.py" in test]
+    assert _collected(project, "tests/template/test_ddp.py") == [
+        test for test in full if "test_ddp.py" in test
+    ]
 
 
 # Which of a generated project's tests run, by answer set (each part is one test here, so that

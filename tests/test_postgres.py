@@ -188,7 +188,8 @@ def test_workers_that_start_together_on_a_new_database_all_open_it(server, proje
     # Each creates Optuna's tables at the same moment; without trying again, most rounds lost one
     # or more workers to `duplicate key value violates unique constraint "pg_type_typname_nsp_index"`.
     opening = (
-        "import sys; from project.framework.sweeps.spec import KEYS; from project.framework.sweeps.study import open_storage; "
+        "import sys; from project.framework.sweeps.spec import KEYS; "
+        "from project.framework.sweeps.study import open_storage; "
         "open_storage(sys.argv[1], dict(KEYS)); print('opened')"
     )
     engine = sqlalchemy.create_engine(server.url, isolation_level="AUTOCOMMIT")

@@ -80,7 +80,9 @@ def test_a_user_copy_is_the_newest_release_and_trains_and_passes_its_tests(tmp_p
     (project / "configs" / "project.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
     output = command("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA").stdout
-    assert "PASSED tests/template/test_smoke.py::test_the_projects_own_model_and_data_train_and_test" in output
+    assert (
+        "PASSED tests/template/test_smoke.py::test_the_projects_own_model_and_data_train_and_test" in output
+    )
     # Tests whose precondition this machine lacks are skipped (CI runs as root: no read-only directories).
     passed_only = r"\d+ passed(, \d+ skipped)?, \d+ deselected(, \d+ warnings?)? in .+"
     summary = output.splitlines()[-1]
