@@ -46,7 +46,8 @@ DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
 PROJECT_CONFIG = PROJECT_ROOT / "configs" / "project.yaml"
 PROJECT_CONFIG_VARIABLE = f"{PACKAGE.upper()}_PROJECT_CONFIG"
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
-# Lightning's own descriptions are the first lines of its docstrings, which stop mid-sentence.
+# Each subcommand's description, which --help also lists (settings.Parser): Lightning's own are the
+# first lines of its docstrings, which stop mid-sentence.
 SUBCOMMAND_HELP = {
     "fit": "Train a model: a new run, or continue a run from its checkpoint with --ckpt_path.",
     "validate": "Evaluate a checkpoint (--ckpt_path) on the validation split.",
@@ -65,12 +66,6 @@ class CLI(LightningCLI):
             parser.add_argument(f"--{option}", type=kind, default=default, help=help)
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
-
-    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
-        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
-        if add_subcommands:
-            for choice in self.parser._subcommands_action._choices_actions:
-                choice.help = SUBCOMMAND_HELP.get(choice.dest, choice.help)
 
     @contextlib.contextmanager
     def _refusing(self) -> Iterator[None]:

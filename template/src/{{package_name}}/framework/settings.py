@@ -94,6 +94,24 @@ class Parser(LightningArgumentParser):
         # Only the parser that prints rewrites the message; the nested ones' are inside it.
         return super().error(unlisted_choice(mistyped_option(message)) if self.exit_on_error else message, ex)
 
+    def add_subcommands(self, *args: Any, **kwargs: Any) -> Any:
+        return _DescribedSubcommands(super().add_subcommands(*args, **kwargs))
+
+
+class _DescribedSubcommands:
+    """The subcommands as added to a parser, each listed in ``--help`` by its own parser's
+    description (``parser_kwargs``). LightningCLI lists the first line of the Trainer method's
+    docstring instead, which stops mid-sentence."""
+
+    def __init__(self, subcommands: Any) -> None:
+        self.subcommands = subcommands
+
+    def add_subcommand(self, name: str, parser: Any, **kwargs: Any) -> Any:
+        return self.subcommands.add_subcommand(name, parser, **{**kwargs, "help": parser.description})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.subcommands, name)
+
 
 def plain_values(config: Namespace) -> None:
     """Make each value of a constrained type (a ``PositiveFloat`` and the like, which checked
