@@ -51,7 +51,8 @@ from .data import ImageFolderDataModule
 from .data.images import CENTRE_CROP_RATIO, read_image
 from .data.tables import MISSING_CATEGORY
 from .models import Classifier
-from .runs.checkpoints import load_trained, read_checkpoint
+from .models.trained import load_trained
+from .runs.checkpoints import read_checkpoint
 
 # A deprecated call inside torch.export itself, which nothing here can act on.
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")

@@ -38,7 +38,8 @@ from torch import Tensor
 from .data.images import ImageFolderDataModule, UnreadableImageError, decode_image
 from .data.preprocessing import encode_features
 from .data.tables import LARGEST_VALUE, MISSING_CATEGORY, Table, numeric_problems
-from .runs.checkpoints import check_made_here, check_project_model, load_trained, read_checkpoint
+from .models.trained import check_project_model, load_trained
+from .runs.checkpoints import check_made_here, read_checkpoint
 from .utils.predictions import top_classes
 
 PACKAGE = __name__.partition(".")[0]

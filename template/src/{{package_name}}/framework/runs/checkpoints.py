@@ -19,7 +19,6 @@ import signal
 import struct
 import sys
 import time
-import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import numpy as np
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveFloat
 from lightning.fabric.plugins import TorchCheckpointIO
-from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
@@ -439,53 +438,6 @@ def check_made_here(checkpoint: dict[str, Any], path: str | Path) -> None:
                 f"{path} was made by another project, {top} (its {kind} is {class_path}), which is not "
                 "installed here: use it in that project"
             )
-
-
-def check_project_model(checkpoint: dict[str, Any]) -> None:
-    """Refuse the checkpoint of a module of your own (any LightningModule) where a Classifier or a
-    Regressor of this project is needed: export.py and serve use the preprocessing those carry and
-    know what their outputs are. Only a class of this project, or one already imported, is looked
-    at: nothing else that a checkpoint names is imported (Lightning refuses to build it anyway)."""
-    from ..models import SupervisedModule  # here: the models import this module
-
-    class_path = (checkpoint.get("hyper_parameters") or {}).get("_class_path")
-    if not isinstance(class_path, str):
-        return
-    module_name, _, name = class_path.rpartition(".")
-    if module_name.partition(".")[0] == __name__.partition(".")[0]:
-        try:
-            importlib.import_module(module_name)
-        except ImportError as error:  # a module of this project renamed, or broken, since
-            raise ValueError(f"{class_path} cannot be imported: {error}") from None
-    found = getattr(sys.modules.get(module_name), name, None)
-    if not (isinstance(found, type) and issubclass(found, SupervisedModule)):
-        raise ValueError(
-            f"{class_path} is not a Classifier or Regressor of this project: export.py and serve take "
-            "those alone (they need the preprocessing those keep); export your own module with "
-            "torch.onnx.export, or serve it with LitServe"
-        )
-
-
-def load_trained(path: str | Path) -> tuple[LightningModule, LightningDataModule]:
-    """A checkpoint's model, in eval mode on the CPU, and its data module, built from the settings
-    it was trained with (no data is read until its ``setup``)."""
-    checkpoint = read_checkpoint(path)
-    if "pytorch-lightning_version" not in checkpoint:
-        raise ValueError(f"{path} is not a Lightning checkpoint; a state_dict lacks the model config")
-    check_made_here(checkpoint, path)
-    check_project_model(checkpoint)
-    package = __name__.partition(".")[0]
-    for hyper_parameters in ("hyper_parameters", "datamodule_hyper_parameters"):
-        class_path = checkpoint.get(hyper_parameters, {}).get("_class_path", "")
-        if class_path.startswith(f"{package}."):
-            # Lightning builds only classes already imported: import the project's own module.
-            importlib.import_module(class_path.rpartition(".")[0])
-    with warnings.catch_warnings():
-        # The model is rebuilt with the network built from its saved config; Lightning's advice to
-        # leave a module out of the hyper-parameters is for a model built by hand.
-        warnings.filterwarnings("ignore", message="Attribute 'network' is an instance of `nn.Module`")
-        model = LightningModule.load_from_checkpoint(path, map_location="cpu").eval()
-    return model, LightningDataModule.load_from_checkpoint(path)
 
 
 def load_weights(model: LightningModule, path: str | Path) -> None:
