@@ -77,6 +77,10 @@ OPTIONS = {
     ),
 }
 
+# A dump of a config with the values left unset (the defaults, and None), as LightningCLI dumps
+# one: skip_none=False before jsonargparse 4.49 named it skip_unset.
+_DUMP_OPTIONS = inspect.signature(LightningArgumentParser.dump).parameters
+KEEP_UNSET = {"skip_unset" if "skip_unset" in _DUMP_OPTIONS else "skip_none": False}
 # What each size taken from the data counts, as the messages say.
 NETWORK_INPUT = ("image_size", "interpolation", "mean", "std")
 SIZE_NAMES = {"in_features": "input features", "num_classes": "classes", "num_outputs": "regression target"}
@@ -235,7 +239,7 @@ def build_data(
     data_class = class_at(given.class_path)
     if not gives_sizes(data_class):
         return None
-    dump = yaml.safe_load(parser.dump(config, skip_none=False, skip_link_targets=False))
+    dump = yaml.safe_load(parser.dump(config, skip_link_targets=False, **KEEP_UNSET))
     dumped = (dump[subcommand] if subcommand else dump)["data"]
     hparams = {"_class_path": dumped["class_path"], **dumped.get("init_args", {})}
     with _given_hyperparameters_context(hparams, instantiator="lightning.pytorch.cli.instantiate_module"):
