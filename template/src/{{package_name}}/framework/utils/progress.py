@@ -6,6 +6,7 @@ redraws, which a file keeps every one of."""
 import contextlib
 import sys
 import time
+from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import TQDMProgressBar
@@ -95,13 +96,39 @@ class ProgressBar(TQDMProgressBar):
     def init_predict_tqdm(self):
         return self._lines(self.predict_description) or super().init_predict_tqdm()
 
-    def _should_update(self, current: int, total: int | float | None) -> bool:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._draw(self.train_progress_bar, batch_idx + 1):
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+
+    def on_validation_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int, *_: int
+    ) -> None:
+        self._draw(self.val_progress_bar, batch_idx + 1)
+
+    def on_test_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int, *_: int
+    ) -> None:
+        self._draw(self.test_progress_bar, batch_idx + 1)
+
+    def on_predict_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int, *_: int
+    ) -> None:
+        self._draw(self.predict_progress_bar, batch_idx + 1)
+
+    def _draw(self, bar: Any, done: int) -> bool:
+        """Show ``done`` batches on ``bar`` if the last draw was long enough ago, or the stage has
+        ended; whether it was time to."""
         # The total is unknown (None) in an epoch resumed part-way through.
         now = time.monotonic()
-        last = total is not None and current >= total
+        last = bar.total is not None and done >= bar.total
         if not self.is_enabled or (not last and now < self._next_draw):
             return False
         self._next_draw = now + self.interval
+        if not bar.disable:
+            bar.n = done
+            bar.refresh()
         return True
 
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict:
@@ -117,9 +144,7 @@ class ProgressBar(TQDMProgressBar):
         metrics = self.get_metrics(trainer, pl_module)
         if not self.train_progress_bar.disable:
             self.train_progress_bar.set_postfix(metrics)
-        if self._leave:
-            self.train_progress_bar.close()
-        self._epoch_ended = True
+        self._epoch_ended = True  # the bar stays, for the next epoch (leave=False)
 
     def on_train_epoch_start(self, trainer: Trainer, *_: object) -> None:
         self._print_ended_epoch(trainer)
