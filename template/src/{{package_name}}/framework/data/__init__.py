@@ -11,14 +11,13 @@ from .preprocessing import Preprocessing
 from .tables import Table, read_table
 
 if TYPE_CHECKING:
-    from .streaming import StreamingDataModule
+    from .streaming import StreamingDataModule as StreamingDataModule
 
 __all__ = [
     "ArrayDataModule",
     "FileDataModule",
     "ImageFolderDataModule",
     "Preprocessing",
-    "StreamingDataModule",
     "SupervisedDataModule",
     "Table",
     "gives_sizes",
@@ -27,9 +26,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # StreamingDataModule is imported when first asked for (its class path in a config): LitData
-    # and the object-storage clients it brings (boto3, requests), 290 modules, took 0.2 to 0.3 s
-    # to import, which every command would otherwise pay.
+    # StreamingDataModule is imported when first asked for (its class path in a config), and left
+    # out of __all__ so that ``import *`` does not import it: LitData and the object-storage
+    # clients it brings (boto3, requests), 290 modules, took 0.2 to 0.3 s to import, which every
+    # command would otherwise pay.
     if name == "StreamingDataModule":
         from .streaming import StreamingDataModule
 
