@@ -90,7 +90,7 @@ class Preprocessing(nn.Module):
         for name, buffer in self.named_buffers(recurse=False):
             saved = state_dict.get(prefix + name)
             if isinstance(saved, Tensor) and saved.shape != buffer.shape:
-                self._buffers[name] = torch.empty(saved.shape, dtype=buffer.dtype, device=buffer.device)
+                setattr(self, name, torch.empty(saved.shape, dtype=buffer.dtype, device=buffer.device))
         super()._load_from_state_dict(state_dict, prefix, *args)
 
     def same_as(self, other: "Preprocessing") -> bool:
