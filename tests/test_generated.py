@@ -235,7 +235,7 @@ LOGGER_FILES = ("loggers", "reports", "config", "smoke", "lint", "memory", "swee
 
 
 def _test_files(*names: str) -> list[str]:
-    return [f"tests/test_{name}.py" for name in names]
+    return [f"tests/template/test_{name}.py" for name in names]
 
 
 PARTS: dict[tuple[str, str], list[list[str]]] = {
@@ -246,7 +246,8 @@ PARTS[FULL, "the rest"] = [
 ]
 REGRESSION = "task=regression,loggers=tensorboard+csv"
 for name, names in TASK_PARTS.items():
-    PARTS[REGRESSION, name] = [[*_test_files(*names), *(f"--deselect=tests/{test}" for test in ONCE)]]
+    deselected = [f"--deselect=tests/template/{test}" for test in ONCE]
+    PARTS[REGRESSION, name] = [[*_test_files(*names), *deselected]]
 PARTS[REGRESSION, "files"].append(["-m", "not slow", *_test_files("images")])
 PARTS["loggers=none", "logger files"] = [["-m", "not slow", *_test_files(*LOGGER_FILES)]]
 # A regression project's loggers take the same paths as a classifier's, but for the images of its
