@@ -6,6 +6,7 @@ import ast
 import difflib
 import enum
 import importlib
+import importlib.metadata
 import inspect
 import itertools
 import re
@@ -79,8 +80,8 @@ OPTIONS = {
 
 # A dump of a config with the values left unset (the defaults, and None), as LightningCLI dumps
 # one: skip_none=False before jsonargparse 4.49 named it skip_unset.
-_DUMP_OPTIONS = inspect.signature(LightningArgumentParser.dump).parameters
-KEEP_UNSET = {"skip_unset" if "skip_unset" in _DUMP_OPTIONS else "skip_none": False}
+_JSONARGPARSE = tuple(int(part) for part in importlib.metadata.version("jsonargparse").split(".")[:2])
+KEEP_UNSET = {"skip_unset" if _JSONARGPARSE >= (4, 49) else "skip_none": False}
 # What each size taken from the data counts, as the messages say.
 NETWORK_INPUT = ("image_size", "interpolation", "mean", "std")
 SIZE_NAMES = {"in_features": "input features", "num_classes": "classes", "num_outputs": "regression target"}
