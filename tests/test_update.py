@@ -112,6 +112,8 @@ USER_OWNED = [
     f"src/{PACKAGE}/models/convnet.py",
     f"src/{PACKAGE}/data/digits.py",
     f"src/{PACKAGE}/data/diabetes.py",
+    "tests/test_models.py",
+    "analysis/README.md",
     "configs/project.yaml",
     "configs/experiment/*.yaml",
     "configs/model/*.yaml",
@@ -150,7 +152,7 @@ NOTES = "\nOur lab trains on the digits first, then on the slide scans.\n"
 # The image pipeline, new in v0.3.0: the template's data module, config and script, and the user's
 # network and model config (written by the update, since the project has none).
 IMAGE_PIPELINE = [
-    f"src/{PACKAGE}/data/images.py",
+    f"src/{PACKAGE}/framework/data/images.py",
     f"src/{PACKAGE}/models/convnet.py",
     "configs/data/images.yaml",
     "configs/model/cnn.yaml",
@@ -177,8 +179,23 @@ def update(project: Path, **options) -> None:
     copier.run_update(str(project), defaults=True, overwrite=True, quiet=True, conflict="inline", **options)
 
 
-CLASSIFIER = f"src/{PACKAGE}/models/classifier.py"
-TEMPLATE_CLASSIFIER = "template/src/{{package_name}}/models/classifier.py"
+# The template's Classifier, which the user edits: in models/ before v0.17.0, in framework/models/
+# since. An update across the move keeps the user's edited one as ``<name>.edited``.
+MOVE = "v0.17.0"
+CLASSIFIER = f"src/{PACKAGE}/framework/models/classifier.py"
+OLD_CLASSIFIER = f"src/{PACKAGE}/models/classifier.py"
+KEPT_CLASSIFIER = f"{OLD_CLASSIFIER}.edited"
+
+
+def predates_the_move(release: str) -> bool:
+    return version(release) < version(MOVE)
+
+
+def template_classifier(release: str) -> str:
+    home = OLD_CLASSIFIER if predates_the_move(release) else CLASSIFIER
+    return "template/" + home.replace(f"src/{PACKAGE}/", "src/{{package_name}}/")
+
+
 # A metric the user adds to the template's Classifier, after a line that every release has.
 F1 = '"f1": MulticlassF1Score(num_classes, average="macro"'
 USER_METRIC = '"balanced_acc": MulticlassAccuracy(num_classes, average="macro"),'
@@ -211,7 +228,7 @@ def edit_like_a_user(project: Path) -> dict[str, str]:
     README, notes in the model and data settings (in the template's ``default.yaml`` before v0.6.0, in
     the user's ``project.yaml`` since), and to two of the template's files: a dependency in
     ``pyproject.toml`` and a metric in ``models/classifier.py``, which v0.2.0 and v0.3.0 rewrote
-    around it.
+    around it and v0.17.0 moved to ``framework/models/classifier.py``.
     """
     settings = project / (PROJECT_CONFIG if (project / PROJECT_CONFIG).is_file() else DEFAULT_CONFIG)
     settings.write_text(with_user_settings(settings.read_text()))
@@ -228,7 +245,7 @@ def edit_like_a_user(project: Path) -> dict[str, str]:
     )
     readme = project / "README.md"
     readme.write_text(readme.read_text() + NOTES)
-    classifier = project / CLASSIFIER
+    classifier = project / (OLD_CLASSIFIER if (project / OLD_CLASSIFIER).is_file() else CLASSIFIER)
     classifier.write_text(with_user_metric(classifier.read_text()))
     commit_all(project, "our model, experiment, dependency, notes and metric")
     return {
@@ -238,7 +255,7 @@ def edit_like_a_user(project: Path) -> dict[str, str]:
         MLP: "dropout: float = 0.25",
         "pyproject.toml": '"pyyaml>=6",',
         "README.md": NOTES,
-        CLASSIFIER: "balanced_acc",
+        CLASSIFIER: "balanced_acc",  # carried over to the new home by resolve_like_a_user
         PROJECT_CONFIG: USER_SPLIT_NOTE,  # and USER_MODEL_NOTE, checked with the rest below
     }
 
@@ -262,8 +279,11 @@ def side(text: str, kept: str) -> str:
 def rewrote_the_classifier(repo: Path, release: str) -> bool:
     """Whether the template changed the classifier's lines around the user's metric between
     ``release`` and the newest: an update then conflicts there. A change elsewhere in the file
-    merges beside the user's metric, as ``git merge-file`` merges it."""
-    old, new = (git(repo, "show", f"{ref}:{TEMPLATE_CLASSIFIER}") for ref in (release, NEWEST))
+    merges beside the user's metric, as ``git merge-file`` merges it. Across the move, nothing
+    merges: the update keeps the user's classifier aside, whole."""
+    if predates_the_move(release):
+        return False
+    old, new = (git(repo, "show", f"{ref}:{template_classifier(ref)}") for ref in (release, NEWEST))
     with tempfile.TemporaryDirectory() as directory:
         paths = [Path(directory) / name for name in ("mine", "base", "theirs")]
         for path, text in zip(paths, (with_user_metric(old), old, new), strict=True):
@@ -273,17 +293,27 @@ def rewrote_the_classifier(repo: Path, release: str) -> bool:
     return merge.returncode > 0
 
 
-def resolve_like_a_user(project: Path) -> str:
-    """Resolve the classifier's conflict, if any, as GUIDE.md says: the template's new version,
-    with the user's metric added to it again; return the file as the update left it."""
-    classifier = project / CLASSIFIER
-    conflicted = classifier.read_text()
-    if not CONFLICT.search(conflicted):
-        return conflicted
-    template = side(conflicted, "after")
+class Left(NamedTuple):
+    """The classifier as the update left it: at its new home, and the user's edited one that an
+    update across the move kept aside (None when there is none)."""
+
+    classifier: str
+    kept: str | None
+
+
+def resolve_like_a_user(project: Path) -> Left:
+    """Resolve the classifier's conflict, or carry over the edit the update kept aside, as GUIDE.md
+    and the update's note say: the template's new version with the user's metric added to it
+    again, and the ``.edited`` file deleted."""
+    classifier, kept = project / CLASSIFIER, project / KEPT_CLASSIFIER
+    left = Left(classifier.read_text(), kept.read_text() if kept.is_file() else None)
+    if left.kept is None and not CONFLICT.search(left.classifier):
+        return left
+    template = side(left.classifier, "after")
     metric = USER_METRIC.replace('average="macro")', 'average="macro", validate_args=False)')
     classifier.write_text(with_user_metric(template, metric))
-    return conflicted
+    kept.unlink(missing_ok=True)
+    return left
 
 
 def files(project: Path) -> dict[str, bytes]:
@@ -327,8 +357,9 @@ class Updated(NamedTuple):
     project: Path
     expected: dict[str, str]  # what each file the user edited must contain
     conflicted: list[str]  # the files with conflict markers that the update left
-    classifier: str  # models/classifier.py as the update left it
+    left: Left  # the classifier as the update left it
     rewritten: bool  # whether the template changed the lines around the user metric since the release
+    moved: bool  # whether the release predates the move, so the update kept the user's classifier aside
 
 
 @pytest.fixture(scope="module", params=[tag for tag, _ in EARLIER])
@@ -339,18 +370,27 @@ def updated(request, template_repo, tmp_path_factory) -> Updated:
     update(project, unsafe=True)
     left = conflicted(project)
     rewritten = rewrote_the_classifier(template_repo, request.param)
-    return Updated(project, expected, left, resolve_like_a_user(project), rewritten)
+    moved = predates_the_move(request.param)
+    return Updated(project, expected, left, resolve_like_a_user(project), rewritten, moved)
 
 
 def test_update_conflicts_only_where_the_template_and_the_user_changed_the_same_lines(updated):
     # Not in a file of the user's, nor in pyproject.toml, where the template adds lines away from
     # the user's: only in the classifier, where the template rewrote the metrics around the user's.
+    # Across the move, nowhere: the user's classifier is kept aside, whole, beside the new one.
+    if updated.moved:
+        assert updated.conflicted == []
+        edits = git(updated.project, "rev-list", "--reverse", "HEAD").split()[1]  # after the copy
+        assert updated.left.kept == git(updated.project, "show", f"{edits}:{OLD_CLASSIFIER}")
+        assert USER_METRIC in updated.left.kept and "balanced_acc" not in updated.left.classifier
+        return
+    assert updated.left.kept is None
     if not updated.rewritten:
-        assert updated.conflicted == [] and USER_METRIC in updated.classifier
+        assert updated.conflicted == [] and USER_METRIC in updated.left.classifier
         return
     assert updated.conflicted == [CLASSIFIER]
-    assert updated.classifier.count("<<<<<<< before updating") == 1
-    users, templates = updated.classifier.split("\n=======\n")
+    assert updated.left.classifier.count("<<<<<<< before updating") == 1
+    users, templates = updated.left.classifier.split("\n=======\n")
     assert USER_METRIC in users.split("<<<<<<< before updating\n")[1]
     assert "balanced_acc" not in templates.split(">>>>>>> after updating")[0]
 
@@ -359,9 +399,12 @@ def test_the_template_side_of_the_conflict_is_the_new_release(updated, template_
     # Around the conflict, the update brought the template's new version of every line.
     fresh = copy_at(template_repo, "HEAD", tmp_path / "upgraded")
     new = (fresh / CLASSIFIER).read_text()
-    assert side(updated.classifier, "after") == (new if updated.rewritten else with_user_metric(new))
+    if updated.moved:  # the new home is the template's; the user's edit is kept aside
+        assert updated.left.classifier == new
+        return
+    assert side(updated.left.classifier, "after") == (new if updated.rewritten else with_user_metric(new))
     mine = git(updated.project, "show", f"HEAD:{CLASSIFIER}")  # the user's edited version
-    assert USER_METRIC in side(updated.classifier, "before") and USER_METRIC in mine
+    assert USER_METRIC in side(updated.left.classifier, "before") and USER_METRIC in mine
 
 
 def test_update_keeps_every_user_edit(updated):
@@ -385,6 +428,8 @@ OWNED_FILES = {
         MLP: [MLP],
         f"src/{PACKAGE}/models/convnet.py": [f"src/{PACKAGE}/models/convnet.py"],
         f"src/{PACKAGE}/data/digits.py": [f"src/{PACKAGE}/data/digits.py"],
+        "tests/test_models.py": ["tests/test_models.py"],
+        "analysis/README.md": ["analysis/README.md"],
         "configs/project.yaml": ["configs/project.yaml"],
         "configs/experiment/*.yaml": ["configs/experiment/large_batch.yaml"],
         "configs/model/*.yaml": [
@@ -481,7 +526,7 @@ def test_updated_project_passes_its_tests_and_trains_the_user_model(template_rep
     edit_like_a_user(project)
     update(project, unsafe=True)
     resolve_like_a_user(project)
-    user_model_tests = [f"tests/test_{name}.py" for name in USER_MODEL_TEST_FILES]
+    user_model_tests = [f"tests/template/test_{name}.py" for name in USER_MODEL_TEST_FILES]
     pytest_args = ["-q", "-p", "no:cacheprovider", "-m", "not slow", *user_model_tests]
     result = run_python(project, "-m", "pytest", *pytest_args)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
@@ -737,13 +782,51 @@ def test_an_edited_module_that_the_update_moves_is_kept_beside_its_new_home(temp
         assert not (package / "utils" / f"{moved}.py").exists(), moved
     assert (package / "utils" / "runs.py.edited").read_text().endswith(ours)
     assert sorted(path.name for path in package.rglob("*.edited")) == ["runs.py.edited"]
-    assert (package / "runs" / "directory.py").is_file()
-    assert ours not in (package / "runs" / "directory.py").read_text()
+    # v0.17.0 moved it again, into framework/: the note names where it is now.
+    new_home = package / "framework" / "runs" / "directory.py"
+    assert new_home.is_file() and ours not in new_home.read_text()
     assert (
-        f"note: src/{PACKAGE}/utils/runs.py moved to src/{PACKAGE}/runs/directory.py in v0.5.0; your edited "
-        f"version is kept as src/{PACKAGE}/utils/runs.py.edited: carry your changes over to the new file, "
-        "then delete it"
+        f"note: src/{PACKAGE}/utils/runs.py moved to src/{PACKAGE}/framework/runs/directory.py in v0.5.0 "
+        f"and v0.17.0; your edited version is kept as src/{PACKAGE}/utils/runs.py.edited: carry your "
+        "changes over to the new file, then delete it"
     ) in capfd.readouterr().err
+    assert_clean_merge(project)
+
+
+@pytest.mark.skipif(
+    predates_the_move(NEWEST) or "v0.16.0" not in dict(EARLIER),
+    reason="v0.17.0 moved the template's code into framework/ and its tests into tests/template/",
+)
+def test_edited_modules_that_the_update_moves_into_the_framework_are_kept_beside_their_new_homes(
+    template_repo, tmp_path, capfd
+):
+    project = copy_at(template_repo, "v0.16.0", tmp_path / "upgraded")
+    classifier = project / OLD_CLASSIFIER
+    classifier.write_text(with_user_metric(classifier.read_text()))
+    checkpoints = project / "src" / PACKAGE / "runs" / "checkpoints.py"
+    ours = "# Our checkpoints are kept for 30 days.\n"
+    checkpoints.write_text(checkpoints.read_text() + ours)
+    commit_all(project, "a metric, and a note on our checkpoints")
+    edited = {
+        name: (project / name).read_text() for name in (OLD_CLASSIFIER, f"src/{PACKAGE}/runs/checkpoints.py")
+    }
+    capfd.readouterr()
+
+    update(project, unsafe=True)
+    notes = [line for line in capfd.readouterr().err.splitlines() if line.startswith("note: ")]
+    assert notes == [
+        f"note: src/{PACKAGE}/runs/checkpoints.py moved to src/{PACKAGE}/framework/runs/checkpoints.py in "
+        f"v0.17.0; your edited version is kept as src/{PACKAGE}/runs/checkpoints.py.edited: carry your "
+        "changes over to the new file, then delete it",
+        f"note: {OLD_CLASSIFIER} moved to {CLASSIFIER} in v0.17.0; your edited version is kept as "
+        f"{KEPT_CLASSIFIER}: carry your changes over to the new file, then delete it",
+    ]
+    for name, text in edited.items():
+        assert (project / f"{name}.edited").read_text() == text, name
+    # Every other file is a fresh copy's: the moved modules and tests the user never edited are
+    # gone from their old homes, and the new homes hold the template's new versions.
+    fresh = files(copy_at(template_repo, "HEAD", tmp_path / "fresh" / "upgraded"))
+    assert differing(project, fresh) == sorted(f"{name}.edited" for name in edited)
     assert_clean_merge(project)
 
 
