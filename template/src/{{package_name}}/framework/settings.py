@@ -19,7 +19,6 @@ import yaml
 from jsonargparse import Namespace
 from jsonargparse.typing import PositiveInt
 from lightning.pytorch.cli import LightningArgumentParser
-from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters_context
 
 from .data import SupervisedDataModule, gives_sizes
 from .errors import ConfigError, UsageError, message_of
@@ -243,11 +242,17 @@ def build_data(
     dump = yaml.safe_load(parser.dump(config, skip_link_targets=False, **KEEP_UNSET))
     dumped = (dump[subcommand] if subcommand else dump)["data"]
     hparams = {"_class_path": dumped["class_path"], **dumped.get("init_args", {})}
-    with _given_hyperparameters_context(hparams, instantiator="lightning.pytorch.cli.instantiate_module"):
-        try:
-            data = data_class(**given.init_args.as_dict())
-        except (KeyError, FileNotFoundError, ValueError) as error:
-            raise UsageError(message_of(error)) from error
+    try:
+        data = data_class(**given.init_args.as_dict())
+    except (KeyError, FileNotFoundError, ValueError) as error:
+        raise UsageError(message_of(error)) from error
+    # What the checkpoint keeps is the config's, with the class path and how to build it; what the
+    # module filled in its __init__ (an argument left None, one an old checkpoint lacks) stays.
+    filled = dict(data.hparams)
+    data.save_hyperparameters({**hparams, "_instantiator": "lightning.pytorch.cli.instantiate_module"})
+    for name, value in filled.items():
+        if data.hparams.get(name) is None:
+            data.hparams[name] = value
     parser.add_instantiator(_Built(data), data_class, subclasses=False, prepend=True)
     return data
 
