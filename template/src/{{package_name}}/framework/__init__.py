@@ -4,7 +4,8 @@
 
 - ``cli.py``: the command line (LightningCLI), ``settings.py``: the options and checks a run
   takes besides LightningCLI's, ``errors.py``: the one-line errors;
-- ``models/``: SupervisedModule, the Classifier, the Regressor and the timm backbone;
+- ``models/``: SupervisedModule, the Classifier, the Regressor and the timm backbone, and the
+  parts they are built from (``parts.py``: optimizer, schedule, metrics, non-finite check);
 - ``data/``: what a data module gives the model, the split, arrays in memory, files, image
   folders and LitData shards;
 - ``runs/``: the life cycle of one run; ``sweeps/``: sweeps on Optuna and cross-validation;

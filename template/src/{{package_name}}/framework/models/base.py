@@ -5,10 +5,7 @@ any ``nn.Module`` chosen in config (``model.init_args.network``), so a new archi
 file in ``models/`` and a config change, not an edit here.
 """
 
-import importlib
-import inspect
 import math
-from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -16,17 +13,24 @@ from jsonargparse.typing import NonNegativeFloat, NonNegativeInt, PositiveFloat,
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import grad_norm
 from torch import Tensor, nn
-from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric, MetricCollection
 
 from ..data.preprocessing import Preprocessing
 from ..errors import ConfigError
+from .parts import (
+    build_optimizer,
+    check_finite,
+    logs_this_step,
+    optimizer_class,
+    start_schedules,
+    take_preprocessing,
+    warmup_then_decay,
+)
 
 
 class SupervisedModule(LightningModule):
     """Training with a ``torch.optim`` optimizer (AdamW by default), linear warm-up then a decay
-    schedule (cosine by default), on the preprocessed inputs.
+    schedule (cosine by default), on the preprocessed inputs; built from the parts of ``parts.py``.
 
     A subclass sets ``metrics`` (a ``MetricCollection``) and implements ``objective`` (the
     per-sample training loss), ``evaluation_loss`` (the per-sample loss reported on val and test),
@@ -99,7 +103,6 @@ class SupervisedModule(LightningModule):
         self.val_loss = MeanMetric(nan_strategy="disable")
         self.test_loss = MeanMetric(nan_strategy="disable")
         self.train_outputs: list[tuple[Tensor, Tensor, Tensor]] = []  # not yet in the metrics
-        self.total_steps = 1  # the run's optimizer steps, known once training starts
 
     def init_metrics(self, metrics: MetricCollection) -> None:
         self.train_metrics = metrics.clone(prefix="train/")
@@ -130,11 +133,7 @@ class SupervisedModule(LightningModule):
         check_task(type(self), getattr(data, "task", self.task))
         if getattr(self.network, "channels_last", False) and self.trainer.strategy.root_device.type == "cuda":
             self.network.to(memory_format=torch.channels_last)
-        fitted = getattr(data, "preprocessing", None)
-        if isinstance(fitted, Preprocessing):
-            # A checkpoint being resumed or evaluated then restores its own, saved with it.
-            self.preprocess.load_state_dict(fitted.state_dict())
-            self.preprocess.restore(fitted.describe())
+        take_preprocessing(self.preprocess, data)
 
     def on_train_epoch_start(self) -> None:
         self._freeze_for_epoch()
@@ -161,16 +160,10 @@ class SupervisedModule(LightningModule):
         # write, rather than updating them after every step.
         self.train_outputs.append((*self.metric_inputs(outputs.detach(), y), loss.detach()))
         # Logged, and checked, only on the steps the loggers write: those read the value anyway,
-        # so no other step waits for the device or pays for logging. No checkpoint is ever saved
-        # with non-finite weights (AtomicCheckpointIO checks every save).
-        if self._logs_this_step():
+        # so no other step waits for the device or pays for logging.
+        if logs_this_step(self):
             self._update_train_metrics()
-            if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"train/loss is {loss.item()} at step {self.global_step} (epoch {self.current_epoch}, "
-                    f"batch {batch_idx}); stopping, with the checkpoints as they were. Lower "
-                    "model.init_args.lr, or set trainer.detect_anomaly=true to find the operation at fault"
-                )
+            check_finite(loss, self, batch_idx)
             self.log("train/loss", loss, prog_bar=True)
         return loss
 
@@ -180,11 +173,6 @@ class SupervisedModule(LightningModule):
             self.train_metrics.update(torch.cat(predictions), torch.cat(targets))
             self.train_loss.update(torch.stack(losses))
             self.train_outputs.clear()
-
-    def _logs_this_step(self) -> bool:
-        """Whether the loggers write the values of the current optimizer step."""
-        every = self.trainer.log_every_n_steps
-        return every > 0 and (self.global_step + 1) % every == 0
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, self.val_metrics, self.val_loss)
@@ -227,32 +215,17 @@ class SupervisedModule(LightningModule):
     def on_before_optimizer_step(self, optimizer) -> None:
         # The norm before clipping, and the learning rate this step uses, on the steps the loggers
         # write (logged with the other values, which costs a logger such as wandb one call, not two).
-        if self._logs_this_step():
+        if logs_this_step(self):
             self.log("train/grad_norm", grad_norm(self, norm_type=2)["grad_2.0_norm_total"])
             self.log("train/lr", optimizer.param_groups[0]["lr"])
             if len(optimizer.param_groups) > 1:
                 self.log("train/lr_backbone", optimizer.param_groups[1]["lr"])
 
     def on_train_start(self) -> None:
-        # The schedule's length is read here rather than in configure_optimizers: asking for it
-        # builds the training loader, which must happen after a resumed run has restored its
-        # loops, or the loader's mid-epoch position is lost.
-        self.total_steps = self.trainer.estimated_stepping_batches
         self._freeze_for_epoch()
         for logger in self.loggers:
             logger.log_hyperparams({"effective_batch_size": self.effective_batch_size})
-        if not math.isfinite(self.total_steps):
-            raise ConfigError(
-                "The learning-rate schedule needs a finite run: set trainer.max_epochs or max_steps"
-            )
-        # A resumed run restores the rate its checkpoint ended on; take the current step's rate
-        # from this run's schedule instead, which differs when max_epochs has changed.
-        for config in self.trainer.lr_scheduler_configs:
-            scheduler = config.scheduler
-            for group, base_lr, factor in zip(
-                scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
-            ):
-                group["lr"] = base_lr * factor(scheduler.last_epoch)
+        start_schedules(self.trainer)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # Checkpoints of v0.2.0 and earlier have no preprocessing: they were trained on the
@@ -280,12 +253,12 @@ class SupervisedModule(LightningModule):
         lr = self.hparams.lr
         if self.hparams.scale_lr:
             lr *= self.effective_batch_size / self.hparams.base_batch_size
-        arguments = dict(self.hparams.optimizer_args or {}, lr=lr)
-        if "weight_decay" in inspect.signature(self.optimizer_class).parameters:
-            arguments["weight_decay"] = self.hparams.weight_decay
-        optimizer = self.optimizer_class(self.parameter_groups(lr), **arguments)
-        scheduler = LambdaLR(optimizer, self.lr_factor)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        groups, weight_decay = self.parameter_groups(lr), self.hparams.weight_decay
+        optimizer = build_optimizer(
+            self.optimizer_class, groups, lr, weight_decay, self.hparams.optimizer_args
+        )
+        schedule = warmup_then_decay(optimizer, self.hparams.warmup_steps, self.hparams.schedule)
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
 
     def parameter_groups(self, lr: float) -> list[dict[str, Any]]:
         """One group of every parameter; for a network with a ``head``, two: the head's at ``lr``,
@@ -300,10 +273,6 @@ class SupervisedModule(LightningModule):
             {"params": backbone, "lr": lr * self.hparams.backbone_lr_scale},
         ]
 
-    def lr_factor(self, step: int) -> float:
-        """The schedule: warm-up, then the chosen shape over the run's ``total_steps``."""
-        return lr_factor(step, self.hparams.warmup_steps, self.total_steps, self.hparams.schedule)
-
 
 def check_task(model_class: type, task: str) -> None:
     """Refuse data whose labels are of another task than the model's, saying how to switch."""
@@ -314,55 +283,3 @@ def check_task(model_class: type, task: str) -> None:
             f"add --config configs/model/{model.lower()}.yaml to train a {model}, or set "
             f"data.init_args.task={other}"
         )
-
-
-def optimizer_class(name: str, arguments: dict[str, Any], weight_decay: float) -> type[Optimizer]:
-    """The optimizer class called ``name`` in ``torch.optim``, or at a dotted path, checked
-    against the ``arguments`` and ``weight_decay`` it will be given."""
-    module, _, attribute = name.rpartition(".")
-    try:
-        found = getattr(importlib.import_module(module or "torch.optim"), attribute, None)
-    except ImportError:
-        found = None
-    if not (isinstance(found, type) and issubclass(found, Optimizer)):
-        raise ConfigError(
-            f"model.init_args.optimizer={name} is not an optimizer class: give a torch.optim class "
-            "(AdamW, SGD, Adam, RMSprop, ...) or the dotted path of one"
-        )
-    parameters = inspect.signature(found).parameters
-    for key in ("lr", "weight_decay"):
-        if key in arguments:
-            raise ConfigError(f"model.init_args.optimizer_args.{key}: set model.init_args.{key} instead")
-    if weight_decay and "weight_decay" not in parameters:
-        raise ConfigError(f"{found.__name__} has no weight decay; set model.init_args.weight_decay=0")
-    accepted = [name for name in parameters if name not in ("params", "lr", "weight_decay")]
-    unknown = sorted(arguments.keys() - set(accepted))
-    if unknown:
-        raise ConfigError(
-            f"model.init_args.optimizer_args: {found.__name__} takes no {', '.join(unknown)}; "
-            f"it takes {', '.join(accepted)}"
-        )
-    return found
-
-
-SCHEDULES: dict[str, Callable[[float], float]] = {
-    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
-    "linear": lambda progress: 1.0 - progress,
-    "constant": lambda progress: 1.0,
-}
-
-
-def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "cosine") -> float:
-    """The learning-rate factor at ``step``: linear warm-up to 1, then ``SCHEDULES[schedule]`` of
-    the fraction of the remaining steps done.
-
-    A closed form of the step, unlike chained schedulers, so a run resumed with a longer
-    ``max_epochs`` follows the schedule of its new length instead of restarting a cosine cycle.
-    The warm-up takes at most half of the ``total_steps``: a warm-up longer than the run would
-    never reach the peak rate nor decay from it.
-    """
-    warmup_steps = min(warmup_steps, total_steps // 2)
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return SCHEDULES[schedule](progress)

@@ -7,11 +7,10 @@ from jsonargparse.typing import PositiveInt
 from sklearn.utils.class_weight import compute_class_weight
 from torch import Tensor, nn
 from torch.nn import functional
-from torchmetrics import MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from ..errors import ConfigError
 from .base import SupervisedModule
+from .parts import classification_metrics
 
 
 class Classifier(SupervisedModule):
@@ -54,16 +53,7 @@ class Classifier(SupervisedModule):
             )
         weights = class_weights if isinstance(class_weights, list) else [1.0] * num_classes
         self.register_buffer("class_weight", torch.tensor(weights, dtype=torch.float32), persistent=False)
-        self.init_metrics(
-            MetricCollection(
-                {
-                    # The inputs come from the network itself, so the metrics skip validating
-                    # them, which would wait for the device.
-                    "acc": MulticlassAccuracy(num_classes, average="micro", validate_args=False),
-                    "f1": MulticlassF1Score(num_classes, average="macro", validate_args=False),
-                }
-            )
-        )
+        self.init_metrics(classification_metrics(num_classes))
 
     @property
     def class_names(self) -> list[str]:

@@ -5,9 +5,9 @@ from typing import Literal
 from jsonargparse.typing import PositiveFloat
 from torch import Tensor, nn
 from torch.nn import functional
-from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, R2Score
 
 from .base import SupervisedModule
+from .parts import regression_metrics
 
 
 class Regressor(SupervisedModule):
@@ -32,11 +32,7 @@ class Regressor(SupervisedModule):
         **kwargs,
     ) -> None:
         super().__init__(network, **kwargs)
-        self.init_metrics(
-            MetricCollection(
-                {"mae": MeanAbsoluteError(), "rmse": MeanSquaredError(squared=False), "r2": R2Score()}
-            )
-        )
+        self.init_metrics(regression_metrics())
 
     def forward(self, x: Tensor) -> Tensor:
         """Predictions in the target's units."""
