@@ -2,8 +2,9 @@
 ``models/`` and ``data/`` (subclass its modules, add callbacks in a config) rather than edit it
 (GUIDE.md, "Your files and the template's").
 
-- ``cli.py``: the command line (LightningCLI), ``settings.py``: the options and checks a run
-  takes besides LightningCLI's, ``errors.py``: the one-line errors;
+- ``cli.py``: the command line (LightningCLI), ``preparation.py``: how a run starts, step by
+  step, ``settings.py``: the options and checks a run takes besides LightningCLI's,
+  ``errors.py``: the one-line errors;
 - ``models/``: SupervisedModule, the Classifier, the Regressor and the timm backbone, and the
   parts they are built from (``parts.py``: optimizer, schedule, metrics, non-finite check);
 - ``data/``: what a data module gives the model, the split, arrays in memory, files, image

@@ -8,8 +8,10 @@ default; the rules are in ``framework/runs/directory.py``): checkpoints, logger 
 (validate, test, predict) rebuild its model and data settings from it, and write into
 ``<subcommand>-<time>/`` inside the directory of the run that made it.
 
-Here: the options and the subcommands; ``runs/`` holds the life cycle of a run, ``framework/settings.py``
-the options a run takes and the checks on them.
+Here: the options and the subcommands, and the LightningCLI hooks, each of which calls the step
+of a run's start that comes at its point (``preparation.py`` reads the steps top to bottom);
+``settings.py`` holds the options a run takes and the checks on them, ``runs/`` the life cycle of
+a run.
 """
 
 import contextlib
@@ -28,14 +30,15 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 
 from . import settings
 from .errors import ConfigError, UsageError, message_of
-from .runs import directory, start, trainer
-from .runs.checkpoints import LastCheckpoint, load_weights
+from .preparation import RunStart
+from .runs import directory
+from .runs.checkpoints import LastCheckpoint
 from .runs.interrupts import end_with_parent, received_signal
 from .runs.record import ExperimentRecord
 from .runs.summary import evaluation_summary, failure_line, fit_summary, predict_summary
 from .utils import PredictionWriter
-from .utils.console import is_verbose, quiet, quiet_evaluation, take_verbose
-from .utils.tracking import WandbLogger, end_tracking
+from .utils.console import quiet, take_verbose
+from .utils.tracking import end_tracking
 
 PACKAGE = __name__.partition(".")[0]
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
@@ -78,48 +81,20 @@ class CLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         # Checked here, before LightningCLI reads the checkpoint's hyper-parameters.
         super().parse_arguments(parser, args)
-        self.words = list(sys.argv[1:] if args is None else args) if isinstance(args, list | None) else []
-        self.checkpoint: dict[str, Any] = {}  # the one given as --ckpt_path, read once
-        subcommand = self.config.get("subcommand")
-        config = self.config[subcommand] if subcommand else self.config
-        settings.plain_values(config)
+        words = list(sys.argv[1:] if args is None else args) if isinstance(args, list | None) else []
+        self.start = RunStart(words)
         with self._refusing():
-            settings.refuse_options(config)
-            if subcommand:
-                if config.run_name is not None:
-                    directory.check_name(config.run_name)
-                directory.check_runs_dir(Path(config.runs_dir))
-                self.checkpoint = start.check_checkpoint(config, subcommand)
+            self.start.check(self._config(), self.config.get("subcommand"))
 
     def _config(self, config: Any = None) -> Any:
         """This subcommand's part of a config: the parsed one, or ``config_init``'s objects."""
         config = self.config if config is None else config
-        return config[self.subcommand] if self.subcommand else config
+        subcommand = getattr(self, "subcommand", None) or config.get("subcommand")
+        return config[subcommand] if subcommand else config
 
     def before_instantiate_classes(self) -> None:
-        config = self._config()
         with self._refusing():
-            if self.subcommand in ("validate", "test", "predict") and config.ckpt_path:
-                start.use_checkpoint_data(config, self.checkpoint, self.subcommand, self.words)
-            settings.use_inputs(config, self.subcommand)
-            if self.subcommand == "predict" and config.return_predictions is None:
-                config.return_predictions = False  # written as they come (PredictionWriter), not kept
-            if config.get("ckpt_path"):
-                settings.start_from_checkpoint(config)
-            self.network_input = settings.use_network_input(config)
-            if (data := settings.build_data(self.parser, self.config, self.subcommand)) is not None:
-                settings.set_sizes(config, data)
-            run_dir, resumed = start.run_dir(config, self.subcommand)
-            settings.check_precision(config.trainer)
-        start.point_outputs(config, run_dir, resumed, self.checkpoint, self.subcommand)
-        if not is_verbose():
-            settings.leave_out_tables(config)
-            if self.subcommand in ("validate", "test", "predict"):
-                quiet_evaluation()
-        self.save_config_kwargs = {
-            "config_filename": f"config-resumed-{start.start_time()}.yaml" if resumed else "config.yaml",
-            "overwrite": self.subcommand != "fit",
-        }
+            self.save_config_kwargs = self.start.prepare(self.parser, self.config, self.subcommand)
 
     def instantiate_classes(self) -> None:
         try:
@@ -133,26 +108,27 @@ class CLI(LightningCLI):
             self.parser.error(message_of(cause))
 
     def after_instantiate_classes(self) -> None:
-        weights = self._config().get("weights")
-        if weights:
-            try:
-                load_weights(self.model, weights)
-            except (FileNotFoundError, ValueError) as error:
-                self.parser.error(f"--weights: {error}")
+        with self._refusing():
+            self.start.load_weights(self.model, self._config())
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        config, objects = self._config(), self._config(self.config_init)["trainer"]
+        config = self._config()
+        built = self._trainer(config, kwargs)
+        # Built again with the DDP strategy it chose, given --ddp_timeout_s (Lightning takes the
+        # timeout only as its strategy is built).
+        if (strategy := self.start.with_ddp_timeout(config, built)) is not None:
+            built = self._trainer(config, {**kwargs, "strategy": strategy})
+        self.start.finish_trainer(built, config, self.subcommand)
+        return built
+
+    def _trainer(self, config: Any, kwargs: dict[str, Any]) -> Trainer:
+        objects = self._config(self.config_init)["trainer"]
         with self._refusing():
-            added = {
-                "callbacks": trainer.callbacks(config, objects, self.subcommand),
-                "plugins": trainer.plugins(objects),
-            }
+            added = self.start.trainer_arguments(config, objects, self.subcommand)
         try:
-            built = super().instantiate_trainer(**{**added, **kwargs})
+            return super().instantiate_trainer(**{**added, **kwargs})
         except MisconfigurationException as error:
             self.parser.error(f"trainer: {error}")
-        trainer.finish(built, config, self.words, self.subcommand)
-        return built
 
     def _end_run(self) -> bool:
         """Finish what the run left open, and tell whether this process prints its summary."""
@@ -168,19 +144,13 @@ class CLI(LightningCLI):
         return next(callback for callback in self.trainer.callbacks if isinstance(callback, kind))
 
     def before_fit(self) -> None:
-        # Checked before DDP starts its other processes, each of which would print the line too.
-        settings.check_unused_parameters(self.model, self.trainer)
-        settings.clip_only_automatic(self.model, self.trainer)
-        # wandb's start-up goes on beside the fit's own: under DDP, while the other processes start.
-        for logger in self.trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                logger.start()
+        self.start.before_fit(self.model, self.trainer, self._config())
 
     def after_fit(self) -> None:
         if self._end_run():
             parameters = sum(parameter.numel() for parameter in self.model.parameters())
             line = self._callback(ExperimentRecord).last_line("fit")
-            print(fit_summary(line, PACKAGE, parameters, self.network_input))
+            print(fit_summary(line, PACKAGE, parameters, self.start.network_input))
 
     def after_validate(self) -> None:
         self._print_evaluation("validate", "val/")

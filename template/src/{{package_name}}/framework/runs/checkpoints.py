@@ -20,6 +20,7 @@ import struct
 import sys
 import time
 import zipfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,7 @@ class LastCheckpoint(Checkpoint):
         self.every_n_train_steps = every_n_train_steps
         self.stop_within_s = stop_within_s
         self.resume_command: str | None = None  # printed when a signal stops the run; the CLI sets it
+        self.ddp_timeout: timedelta | None = None  # the longest the processes wait to agree (--ddp_timeout_s)
         self._saved: tuple[int, int] | None = None  # (step, epoch) of the last save of this process
         # From on_train_start on: ddp_spawn pickles the callbacks before, which these would defeat.
         self._signals: StopOnSignals | None = None
@@ -183,8 +185,7 @@ class LastCheckpoint(Checkpoint):
         # The processes agree on stopping in a group of their own, through the CPU (gloo): no step
         # waits for a GPU, and no collective of the run's own can pair up with this one.
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            timeout = getattr(trainer.strategy, "_timeout", None)  # the CLI's --ddp_timeout_s
-            self._flags_group = torch.distributed.new_group(backend="gloo", timeout=timeout)
+            self._flags_group = torch.distributed.new_group(backend="gloo", timeout=self.ddp_timeout)
         self._next_agreement = trainer.global_step
         self._last_agreement = (trainer.global_step, time.monotonic())
         if trainer.ckpt_path and trainer.is_global_zero:

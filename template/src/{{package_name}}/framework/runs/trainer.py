@@ -10,7 +10,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, DeviceStatsMonitor
 from lightning.pytorch.plugins import CheckpointIO
 from lightning.pytorch.plugins.environments import ClusterEnvironment, SLURMEnvironment
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from ..errors import UsageError
 from ..utils import MonitorCheck, OutOfMemoryReport, PredictionWriter, ProgressBar, StageTimer, TestReport
@@ -58,13 +58,31 @@ def plugins(trainer: Namespace) -> list[Any]:
     return chosen
 
 
+def ddp_strategy(config: Namespace, chosen: Any) -> DDPStrategy | None:
+    """The DDP strategy ``chosen`` (as the config names it: a registered name such as ``ddp`` or
+    ``ddp_spawn``, a class path, or ``auto`` once Lightning chose DDP for it) built again with
+    ``--ddp_timeout_s`` as the longest a collective waits: Lightning's default lets one wait 30
+    minutes for a process that is gone. None for any other strategy."""
+    if not isinstance(chosen, DDPStrategy):
+        return None
+    timeout = timedelta(seconds=config.ddp_timeout_s)
+    named = config.trainer.get("strategy")
+    if isinstance(named, Namespace):  # a class path and its arguments, as configs/trainer/ddp_cpu.yaml
+        arguments = named.init_args.as_dict() if named.get("init_args") else {}
+        return type(chosen)(**{**arguments, "timeout": timeout})
+    name = "ddp" if named == "auto" else named
+    if not (isinstance(name, str) and name in StrategyRegistry):
+        return None
+    entry = StrategyRegistry[name]
+    return entry["strategy"](**{**entry["init_params"], "timeout": timeout})
+
+
 def finish(built: Trainer, config: Namespace, words: list[str], subcommand: str | None) -> None:
-    """Limit how long a DDP collective waits, tell ``last.ckpt`` how to resume this run, and the
+    """Tell ``last.ckpt`` how to resume this run and how long its DDP agreement may wait, and the
     prediction writer how many classes to rank."""
-    if isinstance(built.strategy, DDPStrategy):
-        # Lightning's default lets a collective wait 30 minutes for a process that is gone.
-        built.strategy._timeout = timedelta(seconds=config.ddp_timeout_s)
     for callback in built.callbacks:
+        if isinstance(callback, LastCheckpoint):
+            callback.ddp_timeout = timedelta(seconds=config.ddp_timeout_s)
         if subcommand == "fit" and words and isinstance(callback, LastCheckpoint):
             callback.resume_command = resume_command(words, config.run_name)
         if isinstance(callback, PredictionWriter):
