@@ -199,6 +199,7 @@ TASK_PARTS = {
 }
 TASK_PARTS["files"] += ("smoke", "lint", "loggers", "best_checkpoint", "serve", "outside_data", "guide")
 TASK_PARTS["files"] += ("own_module", "cross_validation")  # a module of your own, and folds
+TASK_PARTS["files"] += ("example_module",)  # models/example.py, a classifier or a regressor by task
 # Tests of those files whose subject is the same in both tasks: torch.compile, DDP launched by
 # Lightning's other two launchers (the ddp_cpu.yaml preset runs in both), the signals and save
 # points of a resume other than a SIGKILL mid-epoch (which runs in both, on the user's path and not),
