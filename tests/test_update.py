@@ -110,6 +110,7 @@ USER_OWNED = [
     "/README.md",
     MLP,
     f"src/{PACKAGE}/models/convnet.py",
+    f"src/{PACKAGE}/models/example.py",
     f"src/{PACKAGE}/data/digits.py",
     f"src/{PACKAGE}/data/diabetes.py",
     "tests/test_models.py",
@@ -179,20 +180,24 @@ def update(project: Path, **options) -> None:
     copier.run_update(str(project), defaults=True, overwrite=True, quiet=True, conflict="inline", **options)
 
 
-# The template's Classifier, which the user edits: in models/ before v0.17.0, in framework/models/
-# since. An update across the move keeps the user's edited one as ``<name>.edited``.
+# The template's Classifier, whose metrics the user edits: in models/classifier.py before v0.17.0;
+# since, the module is in framework/models/ and its metrics in framework/models/parts.py, beside
+# the other parts of a training step. An update across the move keeps the user's edited
+# classifier as ``<name>.edited``.
 MOVE = "v0.17.0"
 CLASSIFIER = f"src/{PACKAGE}/framework/models/classifier.py"
 OLD_CLASSIFIER = f"src/{PACKAGE}/models/classifier.py"
 KEPT_CLASSIFIER = f"{OLD_CLASSIFIER}.edited"
+METRICS = f"src/{PACKAGE}/framework/models/parts.py"
 
 
 def predates_the_move(release: str) -> bool:
     return version(release) < version(MOVE)
 
 
-def template_classifier(release: str) -> str:
-    home = OLD_CLASSIFIER if predates_the_move(release) else CLASSIFIER
+def template_metrics(release: str) -> str:
+    """The template's file that holds the Classifier's metrics at ``release``."""
+    home = OLD_CLASSIFIER if predates_the_move(release) else METRICS
     return "template/" + home.replace(f"src/{PACKAGE}/", "src/{{package_name}}/")
 
 
@@ -245,8 +250,8 @@ def edit_like_a_user(project: Path) -> dict[str, str]:
     )
     readme = project / "README.md"
     readme.write_text(readme.read_text() + NOTES)
-    classifier = project / (OLD_CLASSIFIER if (project / OLD_CLASSIFIER).is_file() else CLASSIFIER)
-    classifier.write_text(with_user_metric(classifier.read_text()))
+    metrics = project / (OLD_CLASSIFIER if (project / OLD_CLASSIFIER).is_file() else METRICS)
+    metrics.write_text(with_user_metric(metrics.read_text()))
     commit_all(project, "our model, experiment, dependency, notes and metric")
     return {
         f"src/{PACKAGE}/models/cnn.py": CNN,
@@ -255,7 +260,7 @@ def edit_like_a_user(project: Path) -> dict[str, str]:
         MLP: "dropout: float = 0.25",
         "pyproject.toml": '"pyyaml>=6",',
         "README.md": NOTES,
-        CLASSIFIER: "balanced_acc",  # carried over to the new home by resolve_like_a_user
+        METRICS: "balanced_acc",  # carried over to the new home by resolve_like_a_user
         PROJECT_CONFIG: USER_SPLIT_NOTE,  # and USER_MODEL_NOTE, checked with the rest below
     }
 
@@ -283,7 +288,7 @@ def rewrote_the_classifier(repo: Path, release: str) -> bool:
     merges: the update keeps the user's classifier aside, whole."""
     if predates_the_move(release):
         return False
-    old, new = (git(repo, "show", f"{ref}:{template_classifier(ref)}") for ref in (release, NEWEST))
+    old, new = (git(repo, "show", f"{ref}:{template_metrics(ref)}") for ref in (release, NEWEST))
     with tempfile.TemporaryDirectory() as directory:
         paths = [Path(directory) / name for name in ("mine", "base", "theirs")]
         for path, text in zip(paths, (with_user_metric(old), old, new), strict=True):
@@ -305,7 +310,7 @@ def resolve_like_a_user(project: Path) -> Left:
     """Resolve the classifier's conflict, or carry over the edit the update kept aside, as GUIDE.md
     and the update's note say: the template's new version with the user's metric added to it
     again, and the ``.edited`` file deleted."""
-    classifier, kept = project / CLASSIFIER, project / KEPT_CLASSIFIER
+    classifier, kept = project / METRICS, project / KEPT_CLASSIFIER
     left = Left(classifier.read_text(), kept.read_text() if kept.is_file() else None)
     if left.kept is None and not CONFLICT.search(left.classifier):
         return left
@@ -388,7 +393,7 @@ def test_update_conflicts_only_where_the_template_and_the_user_changed_the_same_
     if not updated.rewritten:
         assert updated.conflicted == [] and USER_METRIC in updated.left.classifier
         return
-    assert updated.conflicted == [CLASSIFIER]
+    assert updated.conflicted == [METRICS]
     assert updated.left.classifier.count("<<<<<<< before updating") == 1
     users, templates = updated.left.classifier.split("\n=======\n")
     assert USER_METRIC in users.split("<<<<<<< before updating\n")[1]
@@ -398,12 +403,12 @@ def test_update_conflicts_only_where_the_template_and_the_user_changed_the_same_
 def test_the_template_side_of_the_conflict_is_the_new_release(updated, template_repo, tmp_path):
     # Around the conflict, the update brought the template's new version of every line.
     fresh = copy_at(template_repo, "HEAD", tmp_path / "upgraded")
-    new = (fresh / CLASSIFIER).read_text()
+    new = (fresh / METRICS).read_text()
     if updated.moved:  # the new home is the template's; the user's edit is kept aside
         assert updated.left.classifier == new
         return
     assert side(updated.left.classifier, "after") == (new if updated.rewritten else with_user_metric(new))
-    mine = git(updated.project, "show", f"HEAD:{CLASSIFIER}")  # the user's edited version
+    mine = git(updated.project, "show", f"HEAD:{METRICS}")  # the user's edited version
     assert USER_METRIC in side(updated.left.classifier, "before") and USER_METRIC in mine
 
 
@@ -427,6 +432,7 @@ OWNED_FILES = {
         "/README.md": ["README.md"],
         MLP: [MLP],
         f"src/{PACKAGE}/models/convnet.py": [f"src/{PACKAGE}/models/convnet.py"],
+        f"src/{PACKAGE}/models/example.py": [f"src/{PACKAGE}/models/example.py"],
         f"src/{PACKAGE}/data/digits.py": [f"src/{PACKAGE}/data/digits.py"],
         "tests/test_models.py": ["tests/test_models.py"],
         "analysis/README.md": ["analysis/README.md"],
@@ -436,6 +442,7 @@ OWNED_FILES = {
             "configs/model/backbone.yaml",
             "configs/model/classifier.yaml",
             "configs/model/cnn.yaml",
+            "configs/model/example.yaml",
             "configs/model/mlp_wide.yaml",
             "configs/model/regressor.yaml",
         ],
@@ -669,9 +676,7 @@ def old_run(request, template_repo, tmp_path_factory) -> OldRun:
     commit_all(project, "the record of our first run")
     edit_like_a_user(project)
     update(project, unsafe=True)
-    assert conflicted(project) == (
-        [CLASSIFIER] if rewrote_the_classifier(template_repo, request.param) else []
-    )
+    assert conflicted(project) == ([METRICS] if rewrote_the_classifier(template_repo, request.param) else [])
     resolve_like_a_user(project)
     commit_all(project, f"updated to {NEWEST}")
     return OldRun(request.param, project, best, saved_step)
