@@ -68,6 +68,8 @@ class CLI(LightningCLI):
         for option, (kind, default, help) in settings.OPTIONS.items():
             parser.add_argument(f"--{option}", type=kind, default=default, help=help)
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        # Unset unless given: taken from the metric's name for the project's own (RunStart.check).
+        parser.set_defaults({"checkpoint.mode": None})
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
 
     @contextlib.contextmanager

@@ -3,7 +3,7 @@ the LightningCLI hook that comes at that point; the steps call the checks and ru
 ``settings.py`` and ``runs/``.
 
 1. ``check``, once the command line is parsed: the settings alone (plain values, refused
-   options, the run's name and folder) and the checkpoint given as ``--ckpt_path``, read once.
+   options, the best checkpoint's mode, the run's name and folder) and the checkpoint given as ``--ckpt_path``, read once.
 2. ``prepare``, before the model, data and trainer are built: an evaluation takes its
    checkpoint's model and data settings; the inputs to predict; the data module is built first,
    so that the model's sizes come from it; the run directory is taken, with its lock, and
@@ -26,6 +26,7 @@ from . import settings
 from .errors import UsageError
 from .runs import directory, start, trainer
 from .runs.checkpoints import load_weights as load_weights_file
+from .utils.best_mode import best_mode
 from .utils.console import is_verbose, quiet_evaluation
 from .utils.tracking import WandbLogger
 
@@ -43,6 +44,7 @@ class RunStart:
     def check(self, config: Namespace, subcommand: str | None) -> None:
         settings.plain_values(config)
         settings.refuse_options(config)
+        config.checkpoint.mode = best_mode(config.checkpoint.monitor, config.checkpoint.mode)
         if subcommand:
             if config.run_name is not None:
                 directory.check_name(config.run_name)

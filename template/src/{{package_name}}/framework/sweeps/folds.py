@@ -18,8 +18,9 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageError
 from ..runs.experiments import RECORD_FILE, read_lines
+from ..utils.best_mode import best_mode
 from .spec import KEYS, SweepError, check_name
 from .study import open_storage, open_study, printable, retry
 from .worker import (
@@ -85,11 +86,15 @@ def cross_validate(name: str, folds: int, workers: int, words: list[str], script
     quiet_optuna()
     settings = fit_settings(fit_args)
     checkpoint = settings["checkpoint"]
+    try:
+        mode = best_mode(checkpoint["monitor"], checkpoint["mode"])
+    except UsageError as error:
+        raise SweepError(str(error)) from None
     sweep = {
         **KEYS,
         "name": name,
         "metric": checkpoint["monitor"],
-        "direction": "maximize" if checkpoint["mode"] == "max" else "minimize",
+        "direction": "maximize" if mode == "max" else "minimize",
         "parameters": {FOLD: {"choices": list(range(folds))}},
         "trials": folds,
         "sampler": "grid",

@@ -9,12 +9,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ..errors import ConfigError
-
-# The mode each kind of metric is best at, by the last part of its name (val/loss: loss).
-BEST_MODE = {
-    **{"loss": "min", "loss_epoch": "min", "acc": "max", "f1": "max"},  # classification
-    **{"mae": "min", "rmse": "min", "r2": "max"},  # regression
-}
+from .best_mode import BEST_MODE
 
 
 class MonitorCheck(Callback):
