@@ -40,11 +40,16 @@ class RunStart:
     words: list[str]
     checkpoint: dict[str, Any] = field(default_factory=dict)  # the one given as --ckpt_path, read once
     network_input: dict[str, Any] = field(default_factory=dict)
+    mode_unknown: bool = False  # checkpoint.monitor is a metric of the user's own, without its mode
 
     def check(self, config: Namespace, subcommand: str | None) -> None:
         settings.plain_values(config)
         settings.refuse_options(config)
-        config.checkpoint.mode = best_mode(config.checkpoint.monitor, config.checkpoint.mode)
+        mode = best_mode(config.checkpoint.monitor, config.checkpoint.mode)
+        # A metric of the user's own needs its mode: refused once it is seen logged (MonitorCheck),
+        # so that a mistyped name is told first.
+        self.mode_unknown = mode is None
+        config.checkpoint.mode = mode or "min"
         if subcommand:
             if config.run_name is not None:
                 directory.check_name(config.run_name)
@@ -76,11 +81,10 @@ class RunStart:
             "overwrite": subcommand != "fit",
         }
 
-    @staticmethod
-    def trainer_arguments(config: Namespace, objects: Namespace, subcommand: str | None) -> dict[str, Any]:
+    def trainer_arguments(self, config: Namespace, objects: Namespace, subcommand: str | None) -> dict[str, Any]:
         """The trainer's callbacks and plugins: the config's, and the project's own."""
         return {
-            "callbacks": trainer.callbacks(config, objects, subcommand),
+            "callbacks": trainer.callbacks(config, objects, subcommand, self.mode_unknown),
             "plugins": trainer.plugins(objects),
         }
 

@@ -21,21 +21,23 @@ from .start import resume_command
 
 # Lightning calls every hook of every callback, so the ones that serve a single subcommand join only
 # that one (or all, when the caller picks what to run).
-SINGLE = {"predict": PredictionWriter, "test": TestReport, "fit": MonitorCheck}
 
 
 def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value] if value else []
 
 
-def callbacks(config: Namespace, trainer: Namespace, subcommand: str | None) -> list[Callback]:
-    """The configured callbacks (``trainer``: the config's objects), then the project's own."""
+def callbacks(config: Namespace, trainer: Namespace, subcommand: str | None, mode_unknown: bool) -> list[Callback]:
+    """The configured callbacks (``trainer``: the config's objects), then the project's own;
+    ``mode_unknown``: checkpoint.monitor is a metric of the user's own, given without its mode."""
     # The bar before the out-of-memory report: on an error, it ends its line before the report prints.
     bar = [ProgressBar()] if trainer.get("enable_progress_bar") is not False else []
     added = [
         StageTimer(),
         ExperimentRecord(RECORD_FILE, described(config)),
-        *(callback() for stage, callback in SINGLE.items() if subcommand in (stage, None)),
+        *([PredictionWriter()] if subcommand in ("predict", None) else []),
+        *([TestReport()] if subcommand in ("test", None) else []),
+        *([MonitorCheck(mode_unknown)] if subcommand in ("fit", None) else []),
         *bar,
         OutOfMemoryReport(),
     ]

@@ -18,9 +18,9 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from ..errors import ConfigError, UsageError
+from ..errors import ConfigError
 from ..runs.experiments import RECORD_FILE, read_lines
-from ..utils.best_mode import best_mode
+from ..utils.best_mode import best_mode, mode_needed
 from .spec import KEYS, SweepError, check_name
 from .study import open_storage, open_study, printable, retry
 from .worker import (
@@ -86,10 +86,9 @@ def cross_validate(name: str, folds: int, workers: int, words: list[str], script
     quiet_optuna()
     settings = fit_settings(fit_args)
     checkpoint = settings["checkpoint"]
-    try:
-        mode = best_mode(checkpoint["monitor"], checkpoint["mode"])
-    except UsageError as error:
-        raise SweepError(str(error)) from None
+    mode = best_mode(checkpoint["monitor"], checkpoint["mode"])
+    if mode is None:
+        raise SweepError(mode_needed(checkpoint["monitor"]))
     sweep = {
         **KEYS,
         "name": name,

@@ -9,7 +9,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ..errors import ConfigError
-from .best_mode import BEST_MODE
+from .best_mode import BEST_MODE, mode_needed
 
 
 class MonitorCheck(Callback):
@@ -20,8 +20,13 @@ class MonitorCheck(Callback):
       accuracy or F1);
     - once the sanity check has logged the validation metrics, a monitored name that is not
       among them, nor ``epoch`` or ``step``. Names under ``train/`` and ``time/`` are left to
-      Lightning, which checks them at the end of the first epoch, when they are first logged.
+      Lightning, which checks them at the end of the first epoch, when they are first logged;
+    - before the first step, a metric of the user's own that the best checkpoint is kept by,
+      given without ``checkpoint.mode``: which way it is best is asked, not guessed.
     """
+
+    def __init__(self, mode_unknown: bool = False) -> None:
+        self.mode_unknown = mode_unknown  # checkpoint.monitor is the user's metric, without its mode
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         for key, callback in _monitoring(trainer):
@@ -43,6 +48,10 @@ class MonitorCheck(Callback):
                 f"{key}.monitor={monitor} is not a metric the model logs; validation logs "
                 f"{', '.join(logged)}" + (f" (did you mean {close[0]}?)" if close else "")
             )
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.mode_unknown and trainer.checkpoint_callback is not None:
+            raise ConfigError(mode_needed(trainer.checkpoint_callback.monitor))
 
 
 def _monitoring(trainer: Trainer) -> list[tuple[str, Callback]]:
