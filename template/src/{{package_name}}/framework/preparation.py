@@ -3,7 +3,8 @@ the LightningCLI hook that comes at that point; the steps call the checks and ru
 ``settings.py`` and ``runs/``.
 
 1. ``check``, once the command line is parsed: the settings alone (plain values, refused
-   options, the best checkpoint's mode, the run's name and folder) and the checkpoint given as ``--ckpt_path``, read once.
+   options, the best checkpoint's mode, the run's name and folder) and the checkpoint given as
+   ``--ckpt_path``, read once.
 2. ``prepare``, before the model, data and trainer are built: an evaluation takes its
    checkpoint's model and data settings; the inputs to predict; the data module is built first,
    so that the model's sizes come from it; the run directory is taken, with its lock, and
@@ -81,7 +82,9 @@ class RunStart:
             "overwrite": subcommand != "fit",
         }
 
-    def trainer_arguments(self, config: Namespace, objects: Namespace, subcommand: str | None) -> dict[str, Any]:
+    def trainer_arguments(
+        self, config: Namespace, objects: Namespace, subcommand: str | None
+    ) -> dict[str, Any]:
         """The trainer's callbacks and plugins: the config's, and the project's own."""
         return {
             "callbacks": trainer.callbacks(config, objects, subcommand, self.mode_unknown),

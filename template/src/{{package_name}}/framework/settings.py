@@ -69,6 +69,15 @@ OPTIONS = {
         "Seconds a DDP process waits for the others in one collective operation before the run fails "
         "with an error (a process stuck or gone), instead of waiting forever.",
     ),
+    "test_after_fit": (
+        bool,
+        False,
+        "fit only: once the fit has ended as it should (not interrupted, pruned or failed), test it in "
+        "the same process, as test --ckpt_path best --run_name <run> would with the fit's other "
+        "options (--ckpt_path last where checkpoint.monitor is null). Off by default: the test split "
+        "is the held-out estimate, and a test after every fit (every trial of a sweep, every fold) "
+        "invites choosing settings by the test score; choose them by the validation score.",
+    ),
     **{option: (Any, None, f"Not used: {instead}.") for option, instead in REFUSED_OPTIONS.items()},
     "device_stats": (
         bool,

@@ -45,6 +45,11 @@ def _number(value: Any) -> float | None:
     return None if value is None else round(float(value), 6)
 
 
+def pruned(trainer: Trainer) -> bool:
+    """Whether a sweep's pruner stopped the fit early (``framework/sweeps/trial.py``)."""
+    return any(getattr(callback, "pruned", False) for callback in trainer.callbacks)
+
+
 class ExperimentRecord(Callback):
     """Appends one line after each fit and each test, written by the global rank 0 process only.
 
@@ -87,9 +92,7 @@ class ExperimentRecord(Callback):
         self._earlier_parts = state_dict.get("parts", earlier)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # A trial of a sweep that its pruner stopped early (framework/sweeps/trial.py).
-        pruned = any(getattr(callback, "pruned", False) for callback in trainer.callbacks)
-        self._write_fit(trainer, pl_module, "pruned" if pruned else "finished")
+        self._write_fit(trainer, pl_module, "pruned" if pruned(trainer) else "finished")
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if isinstance(exception, SIGTERMException) and trainer.state.fn == "fit":

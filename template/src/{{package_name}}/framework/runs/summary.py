@@ -38,10 +38,15 @@ def _value(value: float | None) -> str | None:
 
 
 def fit_summary(
-    line: dict[str, Any], package: str, parameters: int, network_input: dict[str, Any] | None = None
+    line: dict[str, Any],
+    package: str,
+    parameters: int,
+    network_input: dict[str, Any] | None = None,
+    tested: bool = False,
 ) -> str:
     """The end of a fit, from its line in the experiment record; with the data settings that were
-    taken from the network (``settings.use_network_input``)."""
+    taken from the network (``settings.use_network_input``), and the command that tests it unless
+    ``tested``, where its test follows (``--test_after_fit``)."""
     parts = len(line["parts"])
     time = f"{line['wall_time_s']:.1f} s" + (f" in {parts} parts" if parts > 1 else "")
     best = line["best_checkpoint"]
@@ -57,7 +62,7 @@ def fit_summary(
     }
     ended = "pruned: stopped early by the sweep's pruner" if line["status"] == "pruned" else "finished"
     lines = [f"Run {line['run_name']} {ended}.", *_rows(rows)]
-    if best or line["last_checkpoint"]:
+    if (best or line["last_checkpoint"]) and not tested:
         test = ["python", "-m", package, "test", "--ckpt_path", shown(best or line["last_checkpoint"])]
         lines += ["Test it:", f"  {shlex.join(test)}"]
     return "\n".join(lines)

@@ -27,7 +27,9 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value] if value else []
 
 
-def callbacks(config: Namespace, trainer: Namespace, subcommand: str | None, mode_unknown: bool) -> list[Callback]:
+def callbacks(
+    config: Namespace, trainer: Namespace, subcommand: str | None, mode_unknown: bool
+) -> list[Callback]:
     """The configured callbacks (``trainer``: the config's objects), then the project's own;
     ``mode_unknown``: checkpoint.monitor is a metric of the user's own, given without its mode."""
     # The bar before the out-of-memory report: on an error, it ends its line before the report prints.

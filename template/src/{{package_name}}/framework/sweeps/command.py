@@ -11,6 +11,7 @@ import optuna
 from .report import report
 from .spec import check_parameters, read_sweep
 from .study import SWEEPS_DIR, existing_storage, open_storage, open_study, printable, storage_of, study_name
+from .warm import warm_up
 from .worker import Worker, fit_settings, quiet_optuna, run_here_or_launch, runs_dir_of
 
 
@@ -32,6 +33,8 @@ def sweep(
     """Run the sweep of ``path`` to its budget and report it; the status to exit with. ``words``:
     the script's arguments, which ``--workers`` passes on to each worker; after ``--``, every fit's."""
     settings = read_sweep(path)
+    if settings["start"] == "warm":
+        warm_up()  # its import goes on while the storage is opened
     if trials is not None:
         settings["trials"] = trials
     fit_args = words[words.index("--") + 1 :] if "--" in words else []
@@ -39,7 +42,7 @@ def sweep(
     quiet_optuna()
     if "SWEEP_WORKER" not in os.environ:  # else the command that started the workers checked
         open_storage(storage, settings)  # first: a storage that cannot be opened costs no fit's start
-        check_parameters(path, settings, fit_settings(fit_args))
+        check_parameters(path, settings, fit_settings(fit_args, warm=settings["start"] == "warm"))
     study = open_study(settings, storage, fit_args, runs_dir_of(fit_args))
     status = run_here_or_launch(Worker(settings, study, storage, fit_args), script, words, workers)
     if status is not None:

@@ -11,7 +11,6 @@ import csv
 import importlib
 import os
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,8 @@ from ..runs.experiments import RECORD_FILE, read_lines
 from ..utils.best_mode import best_mode, mode_needed
 from .spec import KEYS, SweepError, check_name
 from .study import open_storage, open_study, printable, retry
+from .warm import warm_up
 from .worker import (
-    PACKAGE,
     Stopped,
     TrialFailed,
     Worker,
@@ -47,7 +46,7 @@ class FoldWorker(Worker):
     def _trial(self, trial: optuna.Trial) -> float:
         value = super()._trial(trial)
         run_name = trial.user_attrs["run_name"]
-        command = [sys.executable, "-m", PACKAGE, "test", "--ckpt_path=best", f"--run_name={run_name}"]
+        command = ["test", "--ckpt_path=best", f"--run_name={run_name}"]
         print(f"[trial {trial.number}] {run_name}: testing its best checkpoint", flush=True)
         try:
             returncode = self._fit([*command, f"--runs_dir={self.runs_dir}"], run_name)
@@ -81,6 +80,7 @@ def cross_validate(name: str, folds: int, workers: int, words: list[str], script
     ``words``: the script's arguments, passed on to each worker; after ``--``, every fit's."""
     check_name(name, "--name")
     fit_args = words[words.index("--") + 1 :] if "--" in words else []
+    warm_up()  # its import goes on while the storage is opened
     CV_DIR.mkdir(exist_ok=True)
     storage = f"sqlite:///{CV_DIR / name}.db"
     quiet_optuna()

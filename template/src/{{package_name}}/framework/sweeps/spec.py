@@ -26,11 +26,13 @@ KEYS = {
     "seed": 0,
     "heartbeat_interval": 60,
     "grace_period": 180,
+    "start": "warm",
 }
 CHOICES = {
     "direction": ("maximize", "minimize"),
     "sampler": ("tpe", "random", "grid"),
     "pruner": ("median", "none"),
+    "start": ("warm", "cold"),
 }
 WANDB_KEYS = {"method", "run_cap", "program", "command", "early_terminate"}
 # What a setting takes, by the type of its value in fit's config: a text setting takes a number too

@@ -1,9 +1,8 @@
 """A sweep's workers: each runs trials one after another, every trial one fit in a process of its
-own, until the study holds its budget; a trial killed with its worker is tried again, resuming its
-run; several workers on this machine with ``--workers``."""
+own (forked from a warm server, ``warm.py``, unless the sweep file says ``start: cold``), until the
+study holds its budget; a trial killed with its worker is tried again, resuming its run; several
+workers on this machine with ``--workers``."""
 
-import ctypes
-import functools
 import itertools
 import json
 import logging
@@ -13,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from ..runs.experiments import RECORD_FILE, read_lines
 from .report import shown
 from .spec import SweepError, budget_of, suggest
 from .study import LOST, STORAGE_VARIABLE, SWEEPS_DIR, fail_stale, retry
+from .warm import start
 
 PACKAGE = __name__.partition(".")[0]
 TRIAL_CALLBACK = f"{PACKAGE}.framework.sweeps.trial.SweepTrial"
@@ -61,24 +62,27 @@ def quiet_optuna() -> None:
 PRINT_CONFIG_S = 300  # longer than reading fit's config takes on a loaded machine
 
 
-def fit_settings(fit_args: list[str]) -> dict[str, Any]:
+def fit_settings(fit_args: list[str], warm: bool = True) -> dict[str, Any]:
     """The config that every trial's fit starts from: ``fit --print_config`` with ``fit_args``,
     which parses the command line without building anything; or a SweepError with fit's reason."""
-    command = [sys.executable, "-m", PACKAGE, "fit", *fit_args, "--print_config"]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=PRINT_CONFIG_S)
-    except subprocess.TimeoutExpired:
-        raise SweepError(
-            f"fit --print_config did not end in {PRINT_CONFIG_S} s: does a module wait on import?"
-        ) from None
-    if done.returncode != 0:
-        said = [line for line in done.stderr.splitlines() if line.strip()] or [f"status {done.returncode}"]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = start(["fit", *fit_args, "--print_config"], stdout=out, stderr=err, warm=warm)
+        try:
+            returncode = process.wait(timeout=PRINT_CONFIG_S)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGKILL)
+            raise SweepError(
+                f"fit --print_config did not end in {PRINT_CONFIG_S} s: does a module wait on import?"
+            ) from None
+        printed, said = (file.seek(0) or file.read() for file in (out, err))
+    if returncode != 0:
+        said = [line for line in said.splitlines() if line.strip()] or [f"status {returncode}"]
         reason = next((line for line in said if line.startswith("error: ")), said[-1])
         raise SweepError(f"fit refuses the arguments after --: {reason.removeprefix('error: ')}")
     try:
-        return yaml.safe_load(done.stdout) or {}
+        return yaml.safe_load(printed) or {}
     except yaml.YAMLError:  # a module that prints as it is imported, before the config
-        first = done.stdout.strip().splitlines()[0][:80]
+        first = printed.strip().splitlines()[0][:80]
         raise SweepError(
             f"fit --print_config printed more than its config, starting {first!r}: does a module print "
             "when imported?"
@@ -167,6 +171,7 @@ class Worker:
         self.outcome: type[Exception] | None = None  # how its last trial failed, if it did
         # Seconds between heartbeats, on a storage that keeps them (a database); None on a journal.
         self.heartbeat = None if storage.endswith(".journal") else sweep["heartbeat_interval"]
+        self.warm = sweep["start"] == "warm"
 
     def run(self) -> None:
         failures, waiting = 0, False
@@ -236,7 +241,7 @@ class Worker:
             },
         }
         command = [
-            *[sys.executable, "-m", PACKAGE, "fit", f"--run_name={run_name}", *self.fit_args],
+            *["fit", f"--run_name={run_name}", *self.fit_args],
             *(["--ckpt_path=last"] if resume else []),
             *[f"--checkpoint.monitor={self.sweep['metric']}", f"--checkpoint.mode={goal}"],
             *(
@@ -273,39 +278,28 @@ class Worker:
         """The run of a trial tried for the first time, by its ``values``."""
         return f"{self.sweep['name']}-{trial.number}"
 
-    def _fit(self, command: list[str], run_name: str) -> int:
+    def _fit(self, args: list[str], run_name: str) -> int:
+        """Run ``python -m <package> *args``, the trial's command, in a process group of its own
+        that gets SIGTERM when this worker ends, however it ends, so that no fit trains on beside
+        the trial tried again; the command's exit status."""
         output = None
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             output = (self.log_dir / f"{run_name}.log").open("a")
-        process = subprocess.Popen(
-            command,
-            stdout=output,
-            stderr=subprocess.STDOUT if output else None,
-            env={**os.environ, STORAGE_VARIABLE: self.storage},
-            preexec_fn=functools.partial(_end_with, os.getpid()),
+        env = {**os.environ, STORAGE_VARIABLE: self.storage}
+        process = start(
+            args, env, stdout=output, stderr=subprocess.STDOUT if output else None, warm=self.warm
         )
         try:
             return process.wait()
         except (Stopped, KeyboardInterrupt) as stop:
-            # Ctrl-C reached the fit too; SIGTERM is passed on. It saves last.ckpt and exits.
-            if isinstance(stop, Stopped):
-                process.send_signal(signal.SIGTERM)
+            # Passed on: the fit saves last.ckpt and exits.
+            os.killpg(process.pid, signal.SIGTERM if isinstance(stop, Stopped) else signal.SIGINT)
             process.wait()
             raise
         finally:
             if output:
                 output.close()
-
-
-def _end_with(worker: int) -> None:
-    """Run in a trial's fit process before its program starts: the kernel sends it SIGTERM when
-    its worker ends, however it ends (SIGKILL too), so that no fit trains on beside the trial tried
-    again; a fit that is training saves last.ckpt and exits."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if os.getppid() != worker:  # the worker ended before the line above
-        os._exit(1)
 
 
 def stop(signum: int, _: Any) -> None:

@@ -1,0 +1,290 @@
+"""Warm starts: a server process imports the project once, then forks each command from that
+state, so that a sweep's trial, a cross-validation fold or the sweep's read of fit's config starts
+in a fraction of a second instead of importing torch and Lightning again (about 6 s on 2 cores).
+
+A command started warm is what ``python -m <package> <args>`` would be: its own process, in a
+session and process group of its own, with the caller's environment, working directory, stdin,
+stdout and stderr; it gets SIGTERM when its server ends, and the server when its caller ends,
+however they end. Its code is the project's as the server imported it: edits made after a sweep's
+worker started reach its trials when the sweep is run again.
+
+Why the fork is safe (docs/performance.md, "Warm trials"): the server only imports; it starts no
+thread, initialises no CUDA and opens nothing a command uses (no database, no log file), and it
+checks the first two before it serves, declining to otherwise. The only threads its imports leave
+are OpenBLAS's idle workers, which OpenBLAS itself stops before a fork, as for a DataLoader's
+forked workers. Linux only (other systems start every command cold: macOS does not fork safely
+after its frameworks are loaded).
+"""
+
+import contextlib
+import ctypes
+import functools
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+PACKAGE = __name__.partition(".")[0]
+MESSAGE_BYTES = 1 << 20  # a request: the command's words, environment and directory
+GONE_WAIT_S = 0.1  # how often a command whose server died is looked for, until it has ended
+
+
+class WarmProcess:
+    """A command forked by the warm server, waited on and signalled as a ``subprocess.Popen``."""
+
+    def __init__(self, server: "WarmServer", pid: int, args: list[str]) -> None:
+        self.server, self.pid, self.args, self.returncode = server, pid, args, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.exit_status(self.pid, timeout=0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self.server.exit_status(self.pid, timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        """Signal the command's whole process group (a DDP fit's other processes too)."""
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signum)
+
+
+class WarmServer:
+    """The caller's side of a warm server: started at once, its import going on in the background."""
+
+    def __init__(self) -> None:
+        self.socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            preexec_fn=functools.partial(end_with, os.getpid()),
+        )
+        theirs.close()
+        self.ready: bool | None = None
+        self.why = ""  # why it does not serve, when it does not
+        self.told = False  # whether this process has said so
+        self.closed = False  # the server has ended
+        self.exited: dict[int, int] = {}
+
+    def serves(self) -> bool:
+        """Whether the server imported the project and serves: waits for its import."""
+        while self.ready is None:
+            message = self._receive(None)
+            if message is None:  # it ended, its error above
+                self.ready, self.why = False, f"its import failed (status {self.process.returncode})"
+            elif "ready" in message:
+                self.ready, self.why = message["ready"], message.get("why", "")
+        return self.ready
+
+    def start(self, args: list[str], env: dict[str, str], files: tuple[int, int, int]) -> WarmProcess:
+        """Fork ``python -m <package> *args`` with ``env`` and ``files`` (its stdin, stdout, stderr)."""
+        request = json.dumps({"args": args, "env": env, "cwd": os.getcwd()}).encode()
+        socket.send_fds(self.socket, [request], list(files))
+        while True:
+            message = self._receive(None)
+            if message is None:
+                raise OSError(f"the warm server ended (status {self.process.returncode})")
+            if "pid" in message:
+                return WarmProcess(self, message["pid"], args)
+
+    def exit_status(self, pid: int, timeout: float | None) -> int | None:
+        """The exit status of the command ``pid`` (a negative signal number if a signal ended it),
+        as ``Popen.returncode``; None if it has not ended within ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pid not in self.exited and not self.closed:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self._receive(left) is None and not self.closed:
+                return None  # not within the time
+        if pid in self.exited:
+            return self.exited.pop(pid)
+        # The server is gone (killed), and its commands got SIGTERM: wait for this one to end.
+        while _alive(pid) and (deadline is None or time.monotonic() < deadline):
+            time.sleep(GONE_WAIT_S)
+        return None if _alive(pid) else -signal.SIGTERM
+
+    def _receive(self, timeout: float | None) -> dict[str, Any] | None:
+        """The server's next message, keeping the commands' exits; None at ``timeout`` or its end."""
+        readable, _, _ = select.select([self.socket], [], [], timeout)
+        if not readable:
+            return None
+        data = self.socket.recv(MESSAGE_BYTES)
+        if not data:
+            self.closed = True
+            self.process.wait()
+            return None
+        message = json.loads(data)
+        if "exited" in message:
+            self.exited[message["exited"]] = message["status"]
+        return message
+
+
+_server: WarmServer | None = None
+
+
+def warm_up() -> None:
+    """Start this process's warm server, if it has none, so that its import goes on meanwhile."""
+    global _server
+    if _server is None and sys.platform.startswith("linux"):
+        _server = WarmServer()
+
+
+def start(
+    args: list[str],
+    env: dict[str, str] | None = None,
+    stdout: Any = None,
+    stderr: Any = None,
+    warm: bool = True,
+) -> "WarmProcess | subprocess.Popen[bytes]":
+    """Start ``python -m <package> *args`` in a session of its own (``stdout``/``stderr``: a file,
+    ``subprocess.STDOUT`` for stderr, or None for this process's): forked from the warm server when
+    ``warm`` and it serves, else as a new process. It gets SIGTERM when this process ends."""
+    env = dict(os.environ if env is None else env)
+    if warm:
+        warm_up()
+    if warm and _server is not None and _server.serves():
+        out = (stdout or sys.stdout).fileno()
+        err = out if stderr == subprocess.STDOUT else (stderr or sys.stderr).fileno()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with open(os.devnull) as nothing:
+            return _server.start(args, env, (nothing.fileno(), out, err))
+    if warm and _server is not None and not _server.told:
+        print(f"note: warm starts are off: {_server.why}; each command starts a new process", flush=True)
+        _server.told = True
+    return subprocess.Popen(
+        [sys.executable, "-m", PACKAGE, *args],
+        stdout=stdout,
+        stderr=stderr,
+        env=env,
+        start_new_session=True,
+        preexec_fn=functools.partial(end_with, os.getpid()),
+    )
+
+
+def end_with(parent: int) -> None:
+    """Run in a new process before its program starts: the kernel sends it SIGTERM when
+    ``parent`` ends, however it ends (SIGKILL too); a fit that is training saves last.ckpt and
+    exits."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent ended before the line above
+        os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# The server's side.
+
+
+def not_forkable() -> str:
+    """Why this process must not be forked for a command; empty when it may."""
+    threads = [thread.name for thread in threading.enumerate() if thread is not threading.main_thread()]
+    if threads:
+        return f"importing the project started threads ({', '.join(threads)})"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "importing the project initialised CUDA"
+    return ""
+
+
+def serve(channel: socket.socket) -> dict[str, Any] | None:
+    """Import the project, then fork a command on each request, telling its caller the command's
+    process and, when it ends, its status. Returns in a forked command, with its request; None in
+    the server once its caller has gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's, which passes it on
+    importlib.import_module(f"{PACKAGE}.__main__")  # as ``python -m`` imports it, without running it
+    why = not_forkable()
+    channel.send(json.dumps({"ready": not why, "why": why}).encode())
+    if why:
+        return None
+    wake, woken = os.pipe()
+    os.set_blocking(woken, False)
+    signal.set_wakeup_fd(woken)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a command ended: the wake-up pipe says so
+    while True:
+        readable, _, _ = select.select([channel, wake], [], [])
+        if wake in readable:
+            os.read(wake, 4096)
+        for pid, status in _ended():
+            channel.send(json.dumps({"exited": pid, "status": status}).encode())
+        if channel not in readable:
+            continue
+        data, files, _, _ = socket.recv_fds(channel, MESSAGE_BYTES, 3)
+        if not data:
+            return None  # the caller ended; its commands get SIGTERM as this process ends
+        sys.stdout.flush()
+        sys.stderr.flush()
+        server = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            channel.close()
+            for fd in (wake, woken):
+                os.close(fd)
+            request = json.loads(data)
+            _become(request, files, server)
+            return request
+        for fd in files:
+            os.close(fd)
+        channel.send(json.dumps({"pid": pid}).encode())
+
+
+def _ended() -> list[tuple[int, int]]:
+    """The commands that have ended, each with its status, reaped."""
+    ended = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:  # none is running
+            return ended
+        if pid == 0:
+            return ended
+        ended.append((pid, os.waitstatus_to_exitcode(status)))
+
+
+def _become(request: dict[str, Any], files: list[int], server: int) -> None:
+    """Make this forked process what a new one would be: its own session, the caller's files,
+    directory and environment, the signals' usual handlers, the random generators as they start.
+    (Python's own draws a new seed in a forked process by itself.)"""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.setsid()
+    end_with(server)
+    for target, fd in enumerate(files):
+        os.dup2(fd, target)
+        os.close(fd)
+    sys.stdout.reconfigure(line_buffering=sys.stdout.isatty())
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    if "numpy" in sys.modules:  # seeded from the system's entropy in a new process
+        sys.modules["numpy"].random.seed()
+    if "torch" in sys.modules:  # seeded with its fixed default in a new process
+        torch = sys.modules["torch"]
+        torch.manual_seed(torch.initial_seed())
+    sys.argv = ["-m", *request["args"]]
+
+
+if __name__ == "__main__":
+    if serve(socket.socket(fileno=int(sys.argv[1]))) is not None:
+        runpy.run_module(PACKAGE, run_name="__main__", alter_sys=True)
