@@ -82,12 +82,23 @@ def _plots(study: optuna.Study, plots_dir: Path, complete: int, metric: str) -> 
     }
     if complete >= 2:  # importances compare finished trials
         wanted["importances"] = plots.plot_param_importances
+    # Optuna's parallel coordinates take plain values only: a parameter of lists (layer sizes) is
+    # left out of that plot.
+    plain = sorted({name for trial in study.trials for name, value in trial.params.items()})
+    plain = [name for name in plain if all(_plain(trial.params.get(name)) for trial in study.trials)]
     written = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         for name, plot in wanted.items():
-            axes = plot(study, target_name=metric)
+            if name == "parallel_coordinate" and not plain:
+                continue
+            only = {"params": plain} if name == "parallel_coordinate" else {}
+            axes = plot(study, target_name=metric, **only)
             path = plots_dir / f"{name}.png"
             axes.figure.savefig(path, dpi=100, bbox_inches="tight")
             written.append(path)
     return written
+
+
+def _plain(value: Any) -> bool:
+    return value is None or isinstance(value, bool | int | float | str)

@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any
 
-PACKAGE = __name__.partition(".")[0]
+PACKAGE = __package__.partition(".")[0]  # __name__ is __main__ in the server
 MESSAGE_BYTES = 1 << 20  # a request: the command's words, environment and directory
 GONE_WAIT_S = 0.1  # how often a command whose server died is looked for, until it has ended
 
@@ -235,16 +235,19 @@ def serve(channel: socket.socket) -> dict[str, Any] | None:
         sys.stdout.flush()
         sys.stderr.flush()
         server = os.getpid()
+        settled, settling = os.pipe()  # closed by the command once it leads its own session
         pid = os.fork()
         if pid == 0:
             channel.close()
-            for fd in (wake, woken):
+            for fd in (wake, woken, settled):
                 os.close(fd)
             request = json.loads(data)
-            _become(request, files, server)
+            _become(request, files, server, settling)
             return request
-        for fd in files:
+        for fd in (*files, settling):
             os.close(fd)
+        os.read(settled, 1)  # so that its caller can signal its process group at once
+        os.close(settled)
         channel.send(json.dumps({"pid": pid}).encode())
 
 
@@ -261,7 +264,7 @@ def _ended() -> list[tuple[int, int]]:
         ended.append((pid, os.waitstatus_to_exitcode(status)))
 
 
-def _become(request: dict[str, Any], files: list[int], server: int) -> None:
+def _become(request: dict[str, Any], files: list[int], server: int, settling: int) -> None:
     """Make this forked process what a new one would be: its own session, the caller's files,
     directory and environment, the signals' usual handlers, the random generators as they start.
     (Python's own draws a new seed in a forked process by itself.)"""
@@ -269,6 +272,7 @@ def _become(request: dict[str, Any], files: list[int], server: int) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.setsid()
+    os.close(settling)
     end_with(server)
     for target, fd in enumerate(files):
         os.dup2(fd, target)
@@ -283,6 +287,7 @@ def _become(request: dict[str, Any], files: list[int], server: int) -> None:
         torch = sys.modules["torch"]
         torch.manual_seed(torch.initial_seed())
     sys.argv = ["-m", *request["args"]]
+    del sys.modules[f"{PACKAGE}.__main__"]  # run again as __main__ (``runpy``), as ``python -m`` does
 
 
 if __name__ == "__main__":
