@@ -26,6 +26,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
+from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from . import settings
@@ -34,7 +35,7 @@ from .preparation import RunStart
 from .runs import directory
 from .runs.checkpoints import LastCheckpoint
 from .runs.interrupts import end_with_parent, received_signal
-from .runs.record import ExperimentRecord
+from .runs.record import ExperimentRecord, pruned
 from .runs.summary import evaluation_summary, failure_line, fit_summary, predict_summary
 from .utils import PredictionWriter
 from .utils.console import quiet, take_verbose
@@ -58,11 +59,16 @@ SUBCOMMAND_HELP = {
     "predict": "Predict with a checkpoint (--ckpt_path): the test split, or the samples of --inputs.",
 }
 SERVE_HELP = "serve: serve a checkpoint's model over HTTP (serve --help; needs the [serve] extra)."
+# The fit's options that its test (--test_after_fit) leaves out: those that choose the run and what
+# it starts from, which the test names itself, and the model and data, which it takes from the checkpoint.
+NOT_TESTED = ("--ckpt_path", "--run_name", "--weights", "--test_after_fit", "--model", "--data")
 quiet()
 
 
 class CLI(LightningCLI):
     """LightningCLI with one directory per run, exact resuming and an experiment record."""
+
+    test_after: list[str] | None = None  # the words of the test that follows a fit (--test_after_fit)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for option, (kind, default, help) in settings.OPTIONS.items():
@@ -149,10 +155,23 @@ class CLI(LightningCLI):
         self.start.before_fit(self.model, self.trainer, self._config())
 
     def after_fit(self) -> None:
+        self.test_after = self._test_after_fit()
         if self._end_run():
             parameters = sum(parameter.numel() for parameter in self.model.parameters())
             line = self._callback(ExperimentRecord).last_line("fit")
-            print(fit_summary(line, PACKAGE, parameters, self.start.network_input))
+            tested = self.test_after is not None
+            print(fit_summary(line, PACKAGE, parameters, self.start.network_input, tested))
+
+    def _test_after_fit(self) -> list[str] | None:
+        """The words of the test that ``--test_after_fit`` asks for, or None: not asked, or the fit
+        was pruned (a fit stopped by a signal or an error never gets here). Read from the trainer
+        and the config, which every DDP process has alike, so that all of them test, or none."""
+        config = self._config()
+        ended = self.trainer.state.status == TrainerStatus.FINISHED and not pruned(self.trainer)
+        if not (config.test_after_fit and ended):
+            return None
+        # As --ckpt_path best would name it; a run that keeps no best checkpoint tests its last.
+        return test_words(self.start.words, config.run_name, "best" if config.checkpoint.monitor else "last")
 
     def after_validate(self) -> None:
         self._print_evaluation("validate", "val/")
@@ -174,6 +193,24 @@ class CLI(LightningCLI):
         if self._end_run():
             writer = self._callback(PredictionWriter)
             print(predict_summary(self.trainer.ckpt_path, writer.written, writer.skipped))
+
+
+def test_words(words: list[str], run_name: str, checkpoint: str) -> list[str]:
+    """The command that tests a run (``checkpoint``: best or last) after the fit of ``words``: the
+    same words less ``NOT_TESTED``, the subcommand test, the run's name and ``--ckpt_path``."""
+    kept, skip = [], False
+    for word in words:
+        if skip and not word.startswith("--"):  # the value of a left-out option
+            skip = False
+            continue
+        option, joined, _ = word.partition("=")
+        skip = option.split(".")[0] in NOT_TESTED
+        if skip:
+            skip = not joined
+            continue
+        kept.append(word)
+    fit = kept.index("fit")
+    return [*kept[:fit], "test", *kept[fit + 1 :], "--run_name", run_name, "--ckpt_path", checkpoint]
 
 
 def _default_config_files() -> list[str]:
@@ -201,8 +238,10 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
     """Parse ``args`` (default: the command line), build model, data and trainer, and run.
 
     ``configs/default.yaml`` is read first, then ``configs/project.yaml``; every ``--config`` and
-    ``--key=value`` applies on top.
-    Returns the CLI so that tests and notebooks can reach ``cli.trainer`` and ``cli.model``.
+    ``--key=value`` applies on top. A fit with ``--test_after_fit true`` that ends as it should is
+    followed by a test command of its own, in this process (``CLI.test_after``).
+    Returns the CLI so that tests and notebooks can reach ``cli.trainer`` and ``cli.model``
+    (the fit's, where a test followed).
     """
     if run and "LOCAL_RANK" in os.environ:
         end_with_parent()  # a DDP process started by another: never outlive it
@@ -210,6 +249,16 @@ def main(args: ArgsType = None, run: bool = True) -> CLI:
         serve(sys.argv[2:] if args is None else args[1:])
         sys.exit(0)
     args, words = take_verbose(args)
+    cli = _command(args, words, run)
+    if cli.test_after is not None:  # a command of its own, once the fit's has ended
+        if args is None:  # its command line, as if it had been typed (LightningCLI reads sys.argv)
+            sys.argv = [sys.argv[0], *cli.test_after]
+        _command(None if args is None else cli.test_after, cli.test_after, run)
+    return cli
+
+
+def _command(args: ArgsType, words: list[str], run: bool) -> CLI:
+    """Run one command (``words``: its words, without ``--verbose``), ending it as ``main`` says."""
     found = _default_config_files()
     defaults = {"default_config_files": found} if found else {}
     parser_kwargs = {"prog": f"python -m {PACKAGE}", "epilog": SERVE_HELP}
