@@ -24,8 +24,6 @@ from .spec import KEYS, SweepError, check_name
 from .study import open_storage, open_study, printable, retry
 from .warm import warm_up
 from .worker import (
-    Stopped,
-    TrialFailed,
     Worker,
     fit_settings,
     quiet_optuna,
@@ -38,24 +36,11 @@ FOLD = "data.init_args.fold"
 
 
 class FoldWorker(Worker):
-    """A sweep's worker whose trials are folds: run ``<name>-fold<k>``, tested after its fit."""
+    """A sweep's worker whose trials are folds: run ``<name>-fold<k>``, tested after its fit in
+    the same process (``--test_after_fit``)."""
 
     def run_name_of(self, trial: optuna.Trial, values: dict[str, Any]) -> str:
         return f"{self.sweep['name']}-fold{values[FOLD]}"
-
-    def _trial(self, trial: optuna.Trial) -> float:
-        value = super()._trial(trial)
-        run_name = trial.user_attrs["run_name"]
-        command = ["test", "--ckpt_path=best", f"--run_name={run_name}"]
-        print(f"[trial {trial.number}] {run_name}: testing its best checkpoint", flush=True)
-        try:
-            returncode = self._fit([*command, f"--runs_dir={self.runs_dir}"], run_name)
-        except (Stopped, KeyboardInterrupt):
-            retry(self.study, trial.number, trial.params, run_name)
-            raise
-        if returncode != 0:
-            raise TrialFailed(f"its test exited with status {returncode}")
-        return value
 
 
 def check_data(settings: dict[str, Any], folds: int) -> None:
@@ -106,7 +91,8 @@ def cross_validate(name: str, folds: int, workers: int, words: list[str], script
     study = open_study(sweep, storage, fit_args, runs_dir_of(fit_args))
     if "SWEEP_WORKER" not in os.environ:
         retry_failed(study)
-    status = run_here_or_launch(FoldWorker(sweep, study, storage, fit_args), script, words, workers)
+    fold_worker = FoldWorker(sweep, study, storage, [*fit_args, "--test_after_fit=true"])
+    status = run_here_or_launch(fold_worker, script, words, workers)
     if status is not None:
         return status
     rows = table(study, sweep["metric"])

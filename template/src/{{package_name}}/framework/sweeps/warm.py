@@ -90,14 +90,16 @@ class WarmServer:
                 self.ready, self.why = message["ready"], message.get("why", "")
         return self.ready
 
-    def start(self, args: list[str], env: dict[str, str], files: tuple[int, int, int]) -> WarmProcess:
-        """Fork ``python -m <package> *args`` with ``env`` and ``files`` (its stdin, stdout, stderr)."""
+    def start(self, args: list[str], env: dict[str, str], files: tuple[int, int, int]) -> WarmProcess | None:
+        """Fork ``python -m <package> *args`` with ``env`` and ``files`` (its stdin, stdout, stderr);
+        None if the server has ended (killed), and serves no more."""
         request = json.dumps({"args": args, "env": env, "cwd": os.getcwd()}).encode()
         socket.send_fds(self.socket, [request], list(files))
         while True:
             message = self._receive(None)
             if message is None:
-                raise OSError(f"the warm server ended (status {self.process.returncode})")
+                self.ready, self.why = False, f"its server ended (status {self.process.returncode})"
+                return None
             if "pid" in message:
                 return WarmProcess(self, message["pid"], args)
 
@@ -161,7 +163,9 @@ def start(
         sys.stdout.flush()
         sys.stderr.flush()
         with open(os.devnull) as nothing:
-            return _server.start(args, env, (nothing.fileno(), out, err))
+            process = _server.start(args, env, (nothing.fileno(), out, err))
+        if process is not None:
+            return process
     if warm and _server is not None and not _server.told:
         print(f"note: warm starts are off: {_server.why}; each command starts a new process", flush=True)
         _server.told = True
