@@ -18,6 +18,7 @@ import math
 from pathlib import Path
 
 import torch
+import yaml
 from clock import BenchClock
 from hand import arguments, data_module
 from lightning.pytorch import LightningModule, Trainer
@@ -105,6 +106,17 @@ class Bare(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
+def build_network(args) -> torch.nn.Module:
+    """The project's MLP, or with ``--images`` its ConvNet as configs/model/cnn.yaml sets it."""
+    if args.images:
+        model = yaml.safe_load(Path("configs/model/cnn.yaml").read_text())["model"]["init_args"]
+        settings = {**model["network"]["init_args"], "num_classes": 10}
+        return importlib.import_module(f"{args.package}.models.convnet").ConvNet(**settings)
+    return importlib.import_module(f"{args.package}.models").MLP(
+        in_features=64, num_classes=10, hidden_sizes=[int(size) for size in args.hidden_sizes.split(",")]
+    )
+
+
 def main() -> None:
     parser = arguments(__doc__)
     parser.add_argument("--manual", action="store_true", help="manual optimization, clipping by hand")
@@ -113,15 +125,14 @@ def main() -> None:
 
     torch.manual_seed(42)
     data = data_module(args)
-    network = importlib.import_module(f"{args.package}.models").MLP(
-        in_features=64, num_classes=10, hidden_sizes=[int(size) for size in args.hidden_sizes.split(",")]
-    )
+    network = build_network(args)
     network.load_state_dict(torch.load(args.init, weights_only=True))
     if args.compile:
         network.compile()
-    lr_factor = importlib.import_module(f"{args.package}.framework.models.base").lr_factor
+    lr_factor = importlib.import_module(f"{args.package}.framework.models.parts").lr_factor
     data.setup("fit")
-    total_steps = args.max_epochs * math.ceil(len(data.splits["train"]) / args.batch_size / args.devices)
+    samples = len(data.files["train"]) if args.images else len(data.splits["train"])
+    total_steps = args.max_epochs * math.ceil(samples / args.batch_size / args.devices)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     schedule = lambda step: lr_factor(step, 50, total_steps)  # noqa: E731

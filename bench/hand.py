@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 from torch.nn import functional
 from torch.optim import AdamW
 from torch.optim.lr_scheduler import LambdaLR
@@ -59,6 +60,11 @@ def arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--data-file", help="train on this .npz file (FileDataModule, not standardised) instead of digits"
     )
+    parser.add_argument(
+        "--images",
+        help="bare.py only: train the project's ConvNet on this folder of class folders, with the "
+        "project's configs/data/images.yaml and configs/model/cnn.yaml (run in the project)",
+    )
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--out", required=True)
     return parser
@@ -67,13 +73,19 @@ def arguments(description: str) -> argparse.ArgumentParser:
 def data_module(args: argparse.Namespace):
     """The project's data module of the workload: digits, or the file, as the project's run has it."""
     data = importlib.import_module(f"{args.package}.data")
+    if args.images:
+        settings = yaml.safe_load(Path("configs/data/images.yaml").read_text())["data"]["init_args"]
+        return data.ImageFolderDataModule(**{**settings, "root": args.images, "batch_size": args.batch_size})
     if args.data_file:
         return data.FileDataModule(path=args.data_file, standardize=False, batch_size=args.batch_size)
     return data.DigitsDataModule(batch_size=args.batch_size)
 
 
 def main() -> None:
-    args = arguments(__doc__).parse_args()
+    parser = arguments(__doc__)
+    args = parser.parse_args()
+    if args.images:
+        parser.error("--images: the hand loop trains on tensors in memory; bare.py takes images")
 
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(42)
@@ -87,7 +99,7 @@ def main() -> None:
     )
     network.load_state_dict(torch.load(args.init, weights_only=True))
     model = torch.compile(network) if args.compile else network
-    lr_factor = importlib.import_module(f"{args.package}.framework.models.base").lr_factor
+    lr_factor = importlib.import_module(f"{args.package}.framework.models.parts").lr_factor
     del package
 
     optimizer = AdamW(network.parameters(), lr=3e-3, weight_decay=0.01)
