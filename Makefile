@@ -1,6 +1,7 @@
 # make demo: set up, generate a demo project and train it, printing the result.
 # make test: set up and run the template's test suite, in $(WORKERS) processes (pytest-xdist).
-# make bench: set up, then time the generated project's training against a hand-written loop.
+# make bench: set up, then time the generated project's training against a hand-written loop and a
+#   bare Trainer (the MLP on digits and the CNN on images), each ratio checked against its ceiling.
 # make bench-serve: set up, then time the generated project's serve over HTTP against predict.
 # make bench-finetune: set up, then fine-tune a pretrained backbone against random weights, over 5 seeds.
 # make bench-backbone: set up, then time the backbone's training on the CPU at 224, by num_workers.
@@ -8,6 +9,8 @@
 #   throughput against the same images as files.
 # make bench-startup: set up, then time fit, test, predict and export on a tiny run, start-up
 #   included, against `python -c "import lightning"` in the same rounds.
+# make bench-sweep: set up, then time 8 trials of 4 epochs of scripts/sweep.py, trials started cold
+#   and warm, against an in-process Optuna loop over a bare Trainer.
 # make docs: build the documentation site into site/ (any warning fails).
 # make release-check: fail if copier.yml, template/ or migrations/ changed since the newest release
 #   (users would not get the change); make test-fast only warns of it.
@@ -22,7 +25,7 @@ TORCH ?= torch==2.14.1 torchvision==0.29.1
 # Test processes: a generated project's training uses about one core, so two fill this machine's two.
 WORKERS ?= 2
 
-.PHONY: setup test test-fast release-check demo docs bench bench-serve bench-finetune bench-backbone bench-streaming bench-startup lint tags clean
+.PHONY: setup test test-fast release-check demo docs bench bench-serve bench-finetune bench-backbone bench-streaming bench-startup bench-sweep lint tags clean
 
 setup: $(VENV)/.installed
 
@@ -76,6 +79,9 @@ bench-streaming: setup
 
 bench-startup: setup
 	$(BIN)/python bench/startup.py
+
+bench-sweep: setup
+	$(BIN)/python bench/sweep.py
 
 lint: setup
 	$(BIN)/ruff check tests migrations
