@@ -35,6 +35,10 @@ from typing import Any
 PACKAGE = __package__.partition(".")[0]  # __name__ is __main__ in the server
 MESSAGE_BYTES = 1 << 20  # a request: the command's words, environment and directory
 GONE_WAIT_S = 0.1  # how often a command whose server died is looked for, until it has ended
+# The environment variables read as Python starts or as libraries load (hash seed, warnings,
+# preloads, thread pools): a command run with other values than its server's starts cold. Its
+# module path (PYTHONPATH, and the folder it runs in) is made as a new process would make it.
+IMPORT_TIME = ("PYTHON", "LD_", "OMP_", "MKL_", "OPENBLAS_")
 
 
 class WarmProcess:
@@ -90,10 +94,12 @@ class WarmServer:
                 self.ready, self.why = message["ready"], message.get("why", "")
         return self.ready
 
-    def start(self, args: list[str], env: dict[str, str], files: tuple[int, int, int]) -> WarmProcess | None:
-        """Fork ``python -m <package> *args`` with ``env`` and ``files`` (its stdin, stdout, stderr);
-        None if the server has ended (killed), and serves no more."""
-        request = json.dumps({"args": args, "env": env, "cwd": os.getcwd()}).encode()
+    def start(
+        self, args: list[str], env: dict[str, str], files: tuple[int, int, int], cwd: str
+    ) -> WarmProcess | None:
+        """Fork ``python -m <package> *args`` with ``env``, ``files`` (its stdin, stdout, stderr)
+        and ``cwd``; None if the server has ended (killed), and serves no more."""
+        request = json.dumps({"args": args, "env": env, "cwd": cwd}).encode()
         socket.send_fds(self.socket, [request], list(files))
         while True:
             message = self._receive(None)
@@ -150,10 +156,12 @@ def start(
     stdout: Any = None,
     stderr: Any = None,
     warm: bool = True,
+    cwd: str | os.PathLike[str] | None = None,
 ) -> "WarmProcess | subprocess.Popen[bytes]":
     """Start ``python -m <package> *args`` in a session of its own (``stdout``/``stderr``: a file,
-    ``subprocess.STDOUT`` for stderr, or None for this process's): forked from the warm server when
-    ``warm`` and it serves, else as a new process. It gets SIGTERM when this process ends."""
+    ``subprocess.STDOUT`` for stderr, or None for this process's), in ``cwd`` (this process's by
+    default): forked from the warm server when ``warm``, it serves, and ``env`` is its environment
+    as far as imports read it; else as a new process. It gets SIGTERM when this process ends."""
     env = dict(os.environ if env is None else env)
     if warm:
         warm_up()
@@ -163,7 +171,7 @@ def start(
         sys.stdout.flush()
         sys.stderr.flush()
         with open(os.devnull) as nothing:
-            process = _server.start(args, env, (nothing.fileno(), out, err))
+            process = _server.start(args, env, (nothing.fileno(), out, err), os.fspath(cwd or os.getcwd()))
         if process is not None:
             return process
     if warm and _server is not None and not _server.told:
@@ -174,6 +182,7 @@ def start(
         stdout=stdout,
         stderr=stderr,
         env=env,
+        cwd=cwd,
         start_new_session=True,
         preexec_fn=functools.partial(end_with, os.getpid()),
     )
@@ -216,6 +225,7 @@ def serve(channel: socket.socket) -> dict[str, Any] | None:
     process and, when it ends, its status. Returns in a forked command, with its request; None in
     the server once its caller has gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's, which passes it on
+    started = {"env": dict(os.environ), "path": list(sys.path)}
     importlib.import_module(f"{PACKAGE}.__main__")  # as ``python -m`` imports it, without running it
     why = not_forkable()
     channel.send(json.dumps({"ready": not why, "why": why}).encode())
@@ -246,7 +256,7 @@ def serve(channel: socket.socket) -> dict[str, Any] | None:
             for fd in (wake, woken, settled):
                 os.close(fd)
             request = json.loads(data)
-            _become(request, files, server, settling)
+            _become(request, files, server, settling, started)
             return request
         for fd in (*files, settling):
             os.close(fd)
@@ -268,10 +278,14 @@ def _ended() -> list[tuple[int, int]]:
         ended.append((pid, os.waitstatus_to_exitcode(status)))
 
 
-def _become(request: dict[str, Any], files: list[int], server: int, settling: int) -> None:
+def _become(
+    request: dict[str, Any], files: list[int], server: int, settling: int, started: dict[str, Any]
+) -> None:
     """Make this forked process what a new one would be: its own session, the caller's files,
-    directory and environment, the signals' usual handlers, the random generators as they start.
-    (Python's own draws a new seed in a forked process by itself.)"""
+    directory and environment, its module path, the signals' usual handlers, the random
+    generators as they start (Python's own draws a new seed in a forked process by itself). Where
+    that cannot be (another import-time environment; a module the server imported, found first
+    in another place on the command's path), start the command anew in this process instead."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -285,6 +299,10 @@ def _become(request: dict[str, Any], files: list[int], server: int, settling: in
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    path = _module_path(request["cwd"], request["env"], started)
+    if path is None:
+        os.execv(sys.executable, [sys.executable, "-m", PACKAGE, *request["args"]])
+    sys.path[:] = path
     if "numpy" in sys.modules:  # seeded from the system's entropy in a new process
         sys.modules["numpy"].random.seed()
     if "torch" in sys.modules:  # seeded with its fixed default in a new process
@@ -292,6 +310,29 @@ def _become(request: dict[str, Any], files: list[int], server: int, settling: in
         torch.manual_seed(torch.initial_seed())
     sys.argv = ["-m", *request["args"]]
     del sys.modules[f"{PACKAGE}.__main__"]  # run again as __main__ (``runpy``), as ``python -m`` does
+
+
+def _module_path(cwd: str, env: dict[str, str], started: dict[str, Any]) -> list[str] | None:
+    """``sys.path`` as ``python -m`` in ``cwd`` with ``env`` would begin it: the folder, then
+    PYTHONPATH, then the server's own; None if the import-time environment differs from the
+    server's, or a folder new on the path holds a module the server imported (which a new
+    process would import from there)."""
+    if _import_time(env, "PYTHONPATH") != _import_time(started["env"], "PYTHONPATH"):
+        return None
+    given = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    kept = started["env"].get("PYTHONPATH", "").split(os.pathsep)
+    base = [entry for entry in started["path"][1:] if entry not in kept]
+    new = [os.path.abspath(entry) for entry in [cwd, *given] if entry not in started["path"][1:]]
+    for folder in new:
+        with contextlib.suppress(OSError):
+            if any(name.partition(".")[0] in sys.modules for name in os.listdir(folder)):
+                return None
+    return [cwd, *given, *base]
+
+
+def _import_time(env: dict[str, str], leaving_out: str) -> dict[str, str]:
+    read = (name for name in env if name.startswith(IMPORT_TIME) and name != leaving_out)
+    return {name: env[name] for name in read}
 
 
 if __name__ == "__main__":
