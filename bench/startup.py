@@ -67,7 +67,9 @@ def timed(command: list[str], project: Path, env: dict[str, str]) -> float:
 
 
 def package_of(project: Path) -> str:
-    [package] = [path.parent.name for path in (project / "src").glob("*/cli.py")]
+    # The command line is in framework/ since v0.17.0, at the package's top before.
+    found = [*(project / "src").glob("*/framework/cli.py"), *(project / "src").glob("*/cli.py")]
+    [package] = {path.relative_to(project / "src").parts[0] for path in found}
     return package
 
 
