@@ -3,10 +3,12 @@ state, so that a sweep's trial, a cross-validation fold or the sweep's read of f
 in a fraction of a second instead of importing torch and Lightning again (about 6 s on 2 cores).
 
 A command started warm is what ``python -m <package> <args>`` would be: its own process, in a
-session and process group of its own, with the caller's environment, working directory, stdin,
-stdout and stderr; it gets SIGTERM when its server ends, and the server when its caller ends,
-however they end. Its code is the project's as the server imported it: edits made after a sweep's
-worker started reach its trials when the sweep is run again.
+session and process group of its own, with the caller's environment, working directory, stdout
+and stderr (stdin: /dev/null); it gets SIGTERM when its server ends, and the server when its
+caller ends, however they end. The server imports the template's code (``framework/``) and the
+libraries, not the user's models and data modules, which each command imports: an edit to them
+reaches the next trial, an edit to the template's code the next sweep. What the imports print
+(a library's warning) is printed once, by the server, not by each command.
 
 Why the fork is safe (docs/performance.md, "Warm trials"): the server only imports; it starts no
 thread, initialises no CUDA and opens nothing a command uses (no database, no log file), and it
@@ -28,17 +30,23 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import warnings
 from typing import Any
 
 PACKAGE = __package__.partition(".")[0]  # __name__ is __main__ in the server
-MESSAGE_BYTES = 1 << 20  # a request: the command's words, environment and directory
+MESSAGE_BYTES = 4096  # a message of the server's; a request goes as a file, of any size
 GONE_WAIT_S = 0.1  # how often a command whose server died is looked for, until it has ended
 # The environment variables read as Python starts or as libraries load (hash seed, warnings,
-# preloads, thread pools): a command run with other values than its server's starts cold. Its
-# module path (PYTHONPATH, and the folder it runs in) is made as a new process would make it.
-IMPORT_TIME = ("PYTHON", "LD_", "OMP_", "MKL_", "OPENBLAS_")
+# preloads, thread pools, torch's settings, the temporary folder, the rank Lightning reads at
+# import): a command run with other values than its server's starts anew. Its module path
+# (PYTHONPATH, and the folder it runs in) is made as a new process would make it.
+IMPORT_TIME = ("PYTHON", "LD_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "TORCH", "PYTORCH_")
+IMPORT_TIME += ("TMPDIR", "RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "LANG", "LC_")
+# PR_SET_PDEATHSIG, looked up here rather than between a fork and an exec.
+_prctl = ctypes.CDLL(None).prctl if sys.platform.startswith("linux") else None
 
 
 class WarmProcess:
@@ -71,10 +79,12 @@ class WarmServer:
 
     def __init__(self) -> None:
         self.socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # A session of its own: a Ctrl-C is its caller's, which passes it on to the command.
         self.process = subprocess.Popen(
             [sys.executable, "-m", __name__, str(theirs.fileno())],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
+            start_new_session=True,
             preexec_fn=functools.partial(end_with, os.getpid()),
         )
         theirs.close()
@@ -83,6 +93,8 @@ class WarmServer:
         self.told = False  # whether this process has said so
         self.closed = False  # the server has ended
         self.exited: dict[int, int] = {}
+        self.poller = select.poll()
+        self.poller.register(self.socket, select.POLLIN)
 
     def serves(self) -> bool:
         """Whether the server imported the project and serves: waits for its import."""
@@ -99,14 +111,20 @@ class WarmServer:
     ) -> WarmProcess | None:
         """Fork ``python -m <package> *args`` with ``env``, ``files`` (its stdin, stdout, stderr)
         and ``cwd``; None if the server has ended (killed), and serves no more."""
-        request = json.dumps({"args": args, "env": env, "cwd": cwd}).encode()
-        socket.send_fds(self.socket, [request], list(files))
+        with tempfile.TemporaryFile("w+") as request:
+            json.dump({"args": args, "env": env, "cwd": cwd}, request)
+            request.flush()
+            try:
+                socket.send_fds(self.socket, [b"start"], [*files, request.fileno()])
+            except OSError:  # the server has ended
+                self._end()
+                return None
         while True:
             message = self._receive(None)
             if message is None:
-                self.ready, self.why = False, f"its server ended (status {self.process.returncode})"
                 return None
             if "pid" in message:
+                self.exited.pop(message["pid"], None)  # an earlier command's, of the same number
                 return WarmProcess(self, message["pid"], args)
 
     def exit_status(self, pid: int, timeout: float | None) -> int | None:
@@ -116,7 +134,7 @@ class WarmServer:
         while pid not in self.exited and not self.closed:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if self._receive(left) is None and not self.closed:
-                return None  # not within the time
+                return None  # no message within the time, and the server is still there
         if pid in self.exited:
             return self.exited.pop(pid)
         # The server is gone (killed), and its commands got SIGTERM: wait for this one to end.
@@ -126,18 +144,24 @@ class WarmServer:
 
     def _receive(self, timeout: float | None) -> dict[str, Any] | None:
         """The server's next message, keeping the commands' exits; None at ``timeout`` or its end."""
-        readable, _, _ = select.select([self.socket], [], [], timeout)
-        if not readable:
+        if not self.poller.poll(None if timeout is None else timeout * 1000):
             return None
-        data = self.socket.recv(MESSAGE_BYTES)
+        try:
+            data = self.socket.recv(MESSAGE_BYTES)
+        except OSError:
+            data = b""
         if not data:
-            self.closed = True
-            self.process.wait()
+            self._end()
             return None
         message = json.loads(data)
         if "exited" in message:
             self.exited[message["exited"]] = message["status"]
         return message
+
+    def _end(self) -> None:
+        """The server has ended (killed): it serves no more, and this process starts commands cold."""
+        self.closed, self.ready = True, False
+        self.why = f"its server ended (status {self.process.wait()})"
 
 
 _server: WarmServer | None = None
@@ -171,7 +195,9 @@ def start(
         sys.stdout.flush()
         sys.stderr.flush()
         with open(os.devnull) as nothing:
-            process = _server.start(args, env, (nothing.fileno(), out, err), os.fspath(cwd or os.getcwd()))
+            process = _server.start(
+                args, env, (nothing.fileno(), out, err), os.path.abspath(cwd or os.getcwd())
+            )
         if process is not None:
             return process
     if warm and _server is not None and not _server.told:
@@ -179,6 +205,7 @@ def start(
         _server.told = True
     return subprocess.Popen(
         [sys.executable, "-m", PACKAGE, *args],
+        stdin=subprocess.DEVNULL,
         stdout=stdout,
         stderr=stderr,
         env=env,
@@ -192,18 +219,20 @@ def end_with(parent: int) -> None:
     """Run in a new process before its program starts: the kernel sends it SIGTERM when
     ``parent`` ends, however it ends (SIGKILL too); a fit that is training saves last.ckpt and
     exits."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if _prctl is not None:
+        _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the parent ended before the line above
         os._exit(1)
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs: not ended, nor ended and waiting to be reaped (a zombie, as the
+    orphans of a killed server are where nothing reaps them, as under a container's first process)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
         return False
-    return True
 
 
 # The server's side.
@@ -214,18 +243,26 @@ def not_forkable() -> str:
     threads = [thread.name for thread in threading.enumerate() if thread is not threading.main_thread()]
     if threads:
         return f"importing the project started threads ({', '.join(threads)})"
+    if len(os.listdir("/proc/self/task")) > 1 + _openblas_workers():
+        return "importing the project started threads outside Python (an OpenMP pool, say)"
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "importing the project initialised CUDA"
     return ""
 
 
+def _openblas_workers() -> int:
+    """The idle worker threads each OpenBLAS starts as it loads: one fewer than its threads."""
+    from threadpoolctl import threadpool_info
+
+    return sum(pool["num_threads"] - 1 for pool in threadpool_info() if pool["internal_api"] == "openblas")
+
+
 def serve(channel: socket.socket) -> dict[str, Any] | None:
     """Import the project, then fork a command on each request, telling its caller the command's
     process and, when it ends, its status. Returns in a forked command, with its request; None in
     the server once its caller has gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's, which passes it on
-    started = {"env": dict(os.environ), "path": list(sys.path)}
+    started = {"env": dict(os.environ), "path": list(sys.path), "cwd": os.getcwd()}
     importlib.import_module(f"{PACKAGE}.__main__")  # as ``python -m`` imports it, without running it
     why = not_forkable()
     channel.send(json.dumps({"ready": not why, "why": why}).encode())
@@ -239,30 +276,40 @@ def serve(channel: socket.socket) -> dict[str, Any] | None:
         readable, _, _ = select.select([channel, wake], [], [])
         if wake in readable:
             os.read(wake, 4096)
-        for pid, status in _ended():
-            channel.send(json.dumps({"exited": pid, "status": status}).encode())
-        if channel not in readable:
-            continue
-        data, files, _, _ = socket.recv_fds(channel, MESSAGE_BYTES, 3)
+        try:
+            for pid, status in _ended():
+                channel.send(json.dumps({"exited": pid, "status": status}).encode())
+            if channel not in readable:
+                continue
+            data, files, _, _ = socket.recv_fds(channel, MESSAGE_BYTES, 4)
+        except OSError:  # the caller was killed
+            data = b""
         if not data:
             return None  # the caller ended; its commands get SIGTERM as this process ends
+        *streams, request_file = files
+        with os.fdopen(request_file) as sent:
+            sent.seek(0)
+            request = json.load(sent)
         sys.stdout.flush()
         sys.stderr.flush()
         server = os.getpid()
         settled, settling = os.pipe()  # closed by the command once it leads its own session
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # Python 3.12 warns of any thread at a fork: here only OpenBLAS's, stopped for it.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:
             channel.close()
             for fd in (wake, woken, settled):
                 os.close(fd)
-            request = json.loads(data)
-            _become(request, files, server, settling, started)
+            _become(request, streams, server, settling, started)
             return request
-        for fd in (*files, settling):
+        for fd in (*streams, settling):
             os.close(fd)
         os.read(settled, 1)  # so that its caller can signal its process group at once
         os.close(settled)
-        channel.send(json.dumps({"pid": pid}).encode())
+        with contextlib.suppress(OSError):  # else the caller was killed: the next read says so
+            channel.send(json.dumps({"pid": pid}).encode())
 
 
 def _ended() -> list[tuple[int, int]]:
@@ -288,7 +335,6 @@ def _become(
     in another place on the command's path), start the command anew in this process instead."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.setsid()
     os.close(settling)
     end_with(server)
@@ -319,15 +365,30 @@ def _module_path(cwd: str, env: dict[str, str], started: dict[str, Any]) -> list
     process would import from there)."""
     if _import_time(env, "PYTHONPATH") != _import_time(started["env"], "PYTHONPATH"):
         return None
-    given = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
-    kept = started["env"].get("PYTHONPATH", "").split(os.pathsep)
-    base = [entry for entry in started["path"][1:] if entry not in kept]
-    new = [os.path.abspath(entry) for entry in [cwd, *given] if entry not in started["path"][1:]]
-    for folder in new:
-        with contextlib.suppress(OSError):
-            if any(name.partition(".")[0] in sys.modules for name in os.listdir(folder)):
-                return None
+    given = _python_path(env, cwd)
+    base = [
+        entry for entry in started["path"][1:] if entry not in _python_path(started["env"], started["cwd"])
+    ]
+    for folder in [cwd, *given]:
+        if folder not in base and any(name in sys.modules for name in _modules_in(folder)):
+            return None
     return [cwd, *given, *base]
+
+
+def _python_path(env: dict[str, str], cwd: str) -> list[str]:
+    """PYTHONPATH's folders, each made absolute from ``cwd``, as Python makes them as it starts."""
+    return [os.path.join(cwd, entry) for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+
+
+def _modules_in(folder: str) -> list[str]:
+    """The names of the modules and packages that ``folder`` holds."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    packages = [name for name in names if os.path.isfile(os.path.join(folder, name, "__init__.py"))]
+    modules = [name.partition(".")[0] for name in names if name.endswith((".py", ".so"))]
+    return [*packages, *modules]
 
 
 def _import_time(env: dict[str, str], leaving_out: str) -> dict[str, str]:

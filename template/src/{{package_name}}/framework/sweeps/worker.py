@@ -3,6 +3,7 @@ own (forked from a warm server, ``warm.py``, unless the sweep file says ``start:
 study holds its budget; a trial killed with its worker is tried again, resuming its run; several
 workers on this machine with ``--workers``."""
 
+import contextlib
 import itertools
 import json
 import logging
@@ -293,8 +294,9 @@ class Worker:
         try:
             return process.wait()
         except (Stopped, KeyboardInterrupt) as stop:
-            # Passed on: the fit saves last.ckpt and exits.
-            os.killpg(process.pid, signal.SIGTERM if isinstance(stop, Stopped) else signal.SIGINT)
+            # Passed on: the fit saves last.ckpt and exits (unless it has just ended).
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM if isinstance(stop, Stopped) else signal.SIGINT)
             process.wait()
             raise
         finally:
