@@ -7,6 +7,7 @@ away mid-sweep ends the worker in one line, and the sweep continues once it is b
 password or database is one line. Needs root for the namespaces (as `.ci/run` runs).
 """
 
+import contextlib
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import optuna
+import psutil
 import pytest
 import sqlalchemy
 import yaml
@@ -69,6 +71,18 @@ def _start(project: Path, words: list[str], output: Path, host: str | None = Non
         )
 
 
+def _lose(process: subprocess.Popen) -> None:
+    """End ``process`` and every process below it at once, as a machine that is lost: a warm
+    trial runs in a process group of its own, below its worker's warm server. All are stopped
+    first, so that none sees another end (a trial would save its last.ckpt on its server's end)."""
+    below = psutil.Process(process.pid).children(recursive=True)
+    for signum in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in [process.pid, *(child.pid for child in below)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+    process.wait()
+
+
 def _wait(process: subprocess.Popen, limit_s: float = LIMIT_S) -> int:
     try:
         return process.wait(timeout=limit_s)
@@ -111,8 +125,7 @@ def test_a_worker_killed_on_another_machine_is_tried_again_from_its_heartbeat(se
     survivor = _start(project, words, tmp_path / "node-b.log", host="node-b")
     try:
         victim = _trial_with_checkpoint(project, server.url, "beat", "node-a")
-        os.killpg(killed.pid, signal.SIGKILL)  # the worker and its fit, as a lost machine would be
-        killed.wait()
+        _lose(killed)  # the worker and its fit, as a lost machine would be
         killed_at = time.monotonic()
         assert _wait(survivor) == 0, (tmp_path / "node-b.log").read_text()[-3000:]
     finally:

@@ -41,8 +41,8 @@ MESSAGE_BYTES = 4096  # a message of the server's; a request goes as a file, of 
 GONE_WAIT_S = 0.1  # how often a command whose server died is looked for, until it has ended
 # The environment variables read as Python starts or as libraries load (hash seed, warnings,
 # preloads, thread pools, torch's settings, the temporary folder, the rank Lightning reads at
-# import): a command run with other values than its server's starts anew. Its module path
-# (PYTHONPATH, and the folder it runs in) is made as a new process would make it.
+# import, PYTHONPATH): a command run with other values than its server's starts anew. Its module
+# path begins with the folder it runs in, as a new process's does.
 IMPORT_TIME = ("PYTHON", "LD_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "TORCH", "PYTORCH_")
 IMPORT_TIME += ("TMPDIR", "RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "LANG", "LC_")
 # PR_SET_PDEATHSIG, looked up here rather than between a fork and an exec.
@@ -262,7 +262,7 @@ def serve(channel: socket.socket) -> dict[str, Any] | None:
     """Import the project, then fork a command on each request, telling its caller the command's
     process and, when it ends, its status. Returns in a forked command, with its request; None in
     the server once its caller has gone."""
-    started = {"env": dict(os.environ), "path": list(sys.path), "cwd": os.getcwd()}
+    started = {"env": dict(os.environ), "path": list(sys.path)}
     importlib.import_module(f"{PACKAGE}.__main__")  # as ``python -m`` imports it, without running it
     why = not_forkable()
     channel.send(json.dumps({"ready": not why, "why": why}).encode())
@@ -359,25 +359,16 @@ def _become(
 
 
 def _module_path(cwd: str, env: dict[str, str], started: dict[str, Any]) -> list[str] | None:
-    """``sys.path`` as ``python -m`` in ``cwd`` with ``env`` would begin it: the folder, then
-    PYTHONPATH, then the server's own; None if the import-time environment differs from the
-    server's, or a folder new on the path holds a module the server imported (which a new
-    process would import from there)."""
-    if _import_time(env, "PYTHONPATH") != _import_time(started["env"], "PYTHONPATH"):
+    """``sys.path`` as ``python -m`` in ``cwd`` with ``env`` would begin it: the folder, then the
+    server's own (PYTHONPATH, the libraries); None if the import-time environment differs from the
+    server's (PYTHONPATH too: a folder that a library's ``.pth`` file adds is left out of
+    ``sys.path`` where PYTHONPATH names it first), or the folder holds a module the server
+    imported (which a new process would import from there)."""
+    if _import_time(env) != _import_time(started["env"]):
         return None
-    given = _python_path(env, cwd)
-    base = [
-        entry for entry in started["path"][1:] if entry not in _python_path(started["env"], started["cwd"])
-    ]
-    for folder in [cwd, *given]:
-        if folder not in base and any(name in sys.modules for name in _modules_in(folder)):
-            return None
-    return [cwd, *given, *base]
-
-
-def _python_path(env: dict[str, str], cwd: str) -> list[str]:
-    """PYTHONPATH's folders, each made absolute from ``cwd``, as Python makes them as it starts."""
-    return [os.path.join(cwd, entry) for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    if cwd != started["path"][0] and any(name in sys.modules for name in _modules_in(cwd)):
+        return None
+    return [cwd, *started["path"][1:]]
 
 
 def _modules_in(folder: str) -> list[str]:
@@ -391,9 +382,8 @@ def _modules_in(folder: str) -> list[str]:
     return [*packages, *modules]
 
 
-def _import_time(env: dict[str, str], leaving_out: str) -> dict[str, str]:
-    read = (name for name in env if name.startswith(IMPORT_TIME) and name != leaving_out)
-    return {name: env[name] for name in read}
+def _import_time(env: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in env.items() if name.startswith(IMPORT_TIME)}
 
 
 if __name__ == "__main__":
