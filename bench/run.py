@@ -54,6 +54,7 @@ import json
 import os
 import pty
 import shutil
+import signal
 import statistics
 import struct
 import subprocess
@@ -194,9 +195,12 @@ def generate(directory: Path, ref: str) -> Path:
     return project
 
 
-def run_in_terminal(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> None:
-    """Run with stdout and stderr on a 120-column pseudo-terminal, as in an interactive shell; keep the
-    output."""
+def run_in_terminal(
+    command: list[str], cwd: Path, env: dict[str, str], log: Path, timeout: float | None = None
+) -> float:
+    """Run with stdout and stderr on a 120-column pseudo-terminal, as in an interactive shell, in a
+    session of its own; keep the output. Killed with its whole process group after ``timeout``
+    seconds, if given. Its wall time, or the benchmark exits saying why."""
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # 40 rows, 120 columns
     chunks: list[bytes] = []
@@ -213,16 +217,30 @@ def run_in_terminal(command: list[str], cwd: Path, env: dict[str, str], log: Pat
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
+    started = time.perf_counter()
     process = subprocess.Popen(
-        command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower
+        command,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=follower,
+        stderr=follower,
+        start_new_session=True,
     )
     os.close(follower)
-    code = process.wait()
+    try:
+        code = process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        code = f"killed after {timeout:.0f} s"
+    wall = time.perf_counter() - started
     reader.join(timeout=5)
     os.close(leader)
     log.write_bytes(b"".join(chunks))
     if code:
-        sys.exit(f"{' '.join(command)} failed with exit code {code}; output in {log}")
+        sys.exit(f"{' '.join(command)} failed ({code}); output in {log}")
+    return wall
 
 
 def timed_run(command: list[str], cwd: Path, env: dict[str, str], out: Path, terminal: bool) -> dict:

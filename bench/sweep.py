@@ -31,23 +31,16 @@ Every command has a hard time limit (``--timeout``), after which its process gro
 """
 
 import argparse
-import fcntl
 import json
 import os
-import pty
 import shutil
-import signal
-import struct
-import subprocess
 import sys
 import tempfile
-import termios
-import threading
 import time
 from pathlib import Path
 
 import yaml
-from run import generate
+from run import generate, run_in_terminal
 from sweep_loop import DROPOUT, DROPOUT_RANGE, LR, LR_RANGE
 
 BENCH = Path(__file__).resolve().parent
@@ -72,52 +65,6 @@ def sweep_file(start: str, trials: int) -> dict:
             DROPOUT: {"low": DROPOUT_RANGE[0], "high": DROPOUT_RANGE[1]},
         },
     }
-
-
-def run_in_terminal(command: list[str], cwd: Path, env: dict[str, str], log: Path, timeout: float) -> float:
-    """Run ``command`` with its output on a 120-column pseudo-terminal, kept in ``log``, in a
-    session of its own, killed with its whole process group after ``timeout`` seconds; its wall
-    time, or the benchmark exits saying why."""
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    chunks: list[bytes] = []
-
-    def drain() -> None:
-        while True:
-            try:
-                data = os.read(leader, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            chunks.append(data)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    started = time.perf_counter()
-    process = subprocess.Popen(
-        command,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=follower,
-        stderr=follower,
-        start_new_session=True,
-    )
-    os.close(follower)
-    try:
-        code = process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        code = f"killed after {timeout:.0f} s"
-    wall = time.perf_counter() - started
-    reader.join(timeout=5)
-    os.close(leader)
-    log.write_bytes(b"".join(chunks))
-    if code:
-        sys.exit(f"{' '.join(command)}: failed ({code}); output in {log}")
-    return wall
 
 
 def trial_fit_times(project: Path, name: str, trials: int) -> list[float]:
