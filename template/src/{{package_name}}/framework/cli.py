@@ -36,6 +36,7 @@ from .runs import directory
 from .runs.checkpoints import LastCheckpoint
 from .runs.interrupts import end_with_parent, received_signal
 from .runs.record import ExperimentRecord, pruned
+from .runs.start import without_options
 from .runs.summary import evaluation_summary, failure_line, fit_summary, predict_summary
 from .utils import PredictionWriter
 from .utils.console import quiet, take_verbose
@@ -198,17 +199,7 @@ class CLI(LightningCLI):
 def test_words(words: list[str], run_name: str, checkpoint: str) -> list[str]:
     """The command that tests a run (``checkpoint``: best or last) after the fit of ``words``: the
     same words less ``NOT_TESTED``, the subcommand test, the run's name and ``--ckpt_path``."""
-    kept, skip = [], False
-    for word in words:
-        if skip and not word.startswith("--"):  # the value of a left-out option
-            skip = False
-            continue
-        option, joined, _ = word.partition("=")
-        skip = option.split(".")[0] in NOT_TESTED
-        if skip:
-            skip = not joined
-            continue
-        kept.append(word)
+    kept = without_options(words, NOT_TESTED)
     fit = kept.index("fit")
     return [*kept[:fit], "test", *kept[fit + 1 :], "--run_name", run_name, "--ckpt_path", checkpoint]
 

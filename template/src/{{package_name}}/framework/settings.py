@@ -19,12 +19,12 @@ import yaml
 from jsonargparse import Namespace
 from jsonargparse.typing import PositiveInt
 from lightning.pytorch.cli import LightningArgumentParser
-from lightning.pytorch.strategies import StrategyRegistry
 
 from .data import SupervisedDataModule, gives_sizes
 from .errors import ConfigError, UsageError, message_of
 from .models.base import SupervisedModule, check_task
 from .runs.directory import RUNS_DIR
+from .runs.trainer import strategy_arguments
 
 # LightningCLI's own optimizer options would bypass the model's warm-up and schedule.
 REFUSED_OPTIONS = {
@@ -282,13 +282,7 @@ def check_unused_parameters(model: Any, trainer: Any, strategy: Any) -> None:
     """Refuse ``freeze_epochs`` under DDP without ``find_unused_parameters`` (``strategy``: as the
     config names it): DDP waits for the gradient of every parameter, unless told to find those
     without one."""
-    if isinstance(strategy, Namespace):
-        arguments = strategy.init_args.as_dict() if strategy.get("init_args") else {}
-    elif isinstance(strategy, str) and strategy in StrategyRegistry:
-        arguments = StrategyRegistry[strategy]["init_params"]
-    else:
-        arguments = {}
-    finds_unused = arguments.get("find_unused_parameters")
+    finds_unused = strategy_arguments(strategy).get("find_unused_parameters")
     processes = trainer.num_devices * trainer.num_nodes
     if getattr(model, "hparams", {}).get("freeze_epochs") and processes > 1 and not finds_unused:
         raise ConfigError(

@@ -26,6 +26,8 @@ from typing import Any
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 _received: list[signal.Signals] = []
+# PR_SET_PDEATHSIG's call, looked up here rather than between a fork and an exec (preexec_fn).
+_prctl = ctypes.CDLL(None).prctl if sys.platform.startswith("linux") else None
 
 
 def received_signal() -> signal.Signals | None:
@@ -33,14 +35,19 @@ def received_signal() -> signal.Signals | None:
     return _received[0] if _received else None
 
 
-def end_with_parent() -> None:
-    """Have the kernel send SIGTERM to this process when its parent ends (Linux only).
+def end_with_parent(parent: int | None = None) -> None:
+    """Have the kernel send SIGTERM to this process when its parent ends, however it ends (SIGKILL
+    too; Linux only). ``parent``: the pid the parent had, for a process that runs this before its
+    program starts (``preexec_fn``), which ends at once if that parent already ended.
 
     A DDP process started by another one (Lightning's launcher, torchrun) would otherwise wait
-    forever in a collective operation when its parent ends on an error.
+    forever in a collective operation when its parent ends on an error; a warm server or trial,
+    or a fit whose sweep worker is killed, would go on alone.
     """
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if _prctl is not None:
+        _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if parent is not None and os.getppid() != parent:  # the parent ended before the line above
+        os._exit(1)
 
 
 def _say(line: str) -> None:

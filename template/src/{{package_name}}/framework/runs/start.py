@@ -34,15 +34,26 @@ def start_time() -> str:
     return os.environ[START_TIME_VARIABLE]
 
 
-def resume_command(words: list[str], run_name: str) -> str:
-    """The command that resumes a run: the same words, naming the run and ``--ckpt_path last``."""
+def without_options(words: list[str], options: tuple[str, ...]) -> list[str]:
+    """A command's ``words`` less ``options`` (and their keys: ``--model`` takes ``--model.lr``),
+    each with its value, given as ``--option=value`` or as the next word."""
     kept, skip = [], False
     for word in words:
-        option, joined, _ = word.partition("=")
-        if skip or option in ("--ckpt_path", "--run_name"):
-            skip = not skip and not joined
+        if skip and not word.startswith("--"):  # the value of a left-out option
+            skip = False
             continue
-        kept.append(word)
+        option, joined, _ = word.partition("=")
+        skip = option.split(".")[0] in options
+        if skip:
+            skip = not joined
+        else:
+            kept.append(word)
+    return kept
+
+
+def resume_command(words: list[str], run_name: str) -> str:
+    """The command that resumes a run: the same words, naming the run and ``--ckpt_path last``."""
+    kept = without_options(words, ("--ckpt_path", "--run_name"))
     return shlex.join(["python", "-m", PACKAGE, *kept, "--run_name", run_name, "--ckpt_path", "last"])
 
 

@@ -19,9 +19,6 @@ from .experiments import RECORD_FILE
 from .record import ExperimentRecord
 from .start import resume_command
 
-# Lightning calls every hook of every callback, so the ones that serve a single subcommand join only
-# that one (or all, when the caller picks what to run).
-
 
 def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value] if value else []
@@ -34,6 +31,8 @@ def callbacks(
     ``mode_unknown``: checkpoint.monitor is a metric of the user's own, given without its mode."""
     # The bar before the out-of-memory report: on an error, it ends its line before the report prints.
     bar = [ProgressBar()] if trainer.get("enable_progress_bar") is not False else []
+    # Lightning calls every hook of every callback, so one that serves a single subcommand joins only
+    # that one (or every one, when the caller picks what to run: subcommand None).
     added = [
         StageTimer(),
         ExperimentRecord(RECORD_FILE, described(config)),
@@ -71,14 +70,23 @@ def ddp_strategy(config: Namespace, chosen: Any) -> DDPStrategy | None:
         return None
     timeout = timedelta(seconds=config.ddp_timeout_s)
     named = config.trainer.get("strategy")
-    if isinstance(named, Namespace):  # a class path and its arguments, as configs/trainer/ddp_cpu.yaml
-        arguments = named.init_args.as_dict() if named.get("init_args") else {}
-        return type(chosen)(**{**arguments, "timeout": timeout})
     name = "ddp" if named == "auto" else named
+    arguments = {**strategy_arguments(name), "timeout": timeout}
+    if isinstance(named, Namespace):  # a class path and its arguments, as configs/trainer/ddp_cpu.yaml
+        return type(chosen)(**arguments)
     if not (isinstance(name, str) and name in StrategyRegistry):
         return None
-    entry = StrategyRegistry[name]
-    return entry["strategy"](**{**entry["init_params"], "timeout": timeout})
+    return StrategyRegistry[name]["strategy"](**arguments)
+
+
+def strategy_arguments(named: Any) -> dict[str, Any]:
+    """The arguments of the strategy as the config names it: a class path's ``init_args``, or those
+    a registered name stands for (``ddp_find_unused_parameters_true``'s); none for anything else."""
+    if isinstance(named, Namespace):
+        return named.init_args.as_dict() if named.get("init_args") else {}
+    if isinstance(named, str) and named in StrategyRegistry:
+        return StrategyRegistry[named]["init_params"]
+    return {}
 
 
 def finish(built: Trainer, config: Namespace, words: list[str], subcommand: str | None) -> None:

@@ -19,7 +19,6 @@ after its frameworks are loaded).
 """
 
 import contextlib
-import ctypes
 import functools
 import importlib
 import json
@@ -36,6 +35,8 @@ import time
 import warnings
 from typing import Any
 
+from ..runs.interrupts import end_with_parent
+
 PACKAGE = __package__.partition(".")[0]  # __name__ is __main__ in the server
 MESSAGE_BYTES = 4096  # a message of the server's; a request goes as a file, of any size
 GONE_WAIT_S = 0.1  # how often a command whose server died is looked for, until it has ended
@@ -45,8 +46,6 @@ GONE_WAIT_S = 0.1  # how often a command whose server died is looked for, until 
 # path begins with the folder it runs in, as a new process's does.
 IMPORT_TIME = ("PYTHON", "LD_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "TORCH", "PYTORCH_")
 IMPORT_TIME += ("TMPDIR", "RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "LANG", "LC_")
-# PR_SET_PDEATHSIG, looked up here rather than between a fork and an exec.
-_prctl = ctypes.CDLL(None).prctl if sys.platform.startswith("linux") else None
 
 
 class WarmProcess:
@@ -85,7 +84,7 @@ class WarmServer:
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=functools.partial(end_with, os.getpid()),
+            preexec_fn=functools.partial(end_with_parent, os.getpid()),
         )
         theirs.close()
         self.ready: bool | None = None
@@ -138,9 +137,9 @@ class WarmServer:
         if pid in self.exited:
             return self.exited.pop(pid)
         # The server is gone (killed), and its commands got SIGTERM: wait for this one to end.
-        while _alive(pid) and (deadline is None or time.monotonic() < deadline):
+        while alive(pid) and (deadline is None or time.monotonic() < deadline):
             time.sleep(GONE_WAIT_S)
-        return None if _alive(pid) else -signal.SIGTERM
+        return None if alive(pid) else -signal.SIGTERM
 
     def _receive(self, timeout: float | None) -> dict[str, Any] | None:
         """The server's next message, keeping the commands' exits; None at ``timeout`` or its end."""
@@ -211,28 +210,27 @@ def start(
         env=env,
         cwd=cwd,
         start_new_session=True,
-        preexec_fn=functools.partial(end_with, os.getpid()),
+        preexec_fn=functools.partial(end_with_parent, os.getpid()),
     )
 
 
-def end_with(parent: int) -> None:
-    """Run in a new process before its program starts: the kernel sends it SIGTERM when
-    ``parent`` ends, however it ends (SIGKILL too); a fit that is training saves last.ckpt and
-    exits."""
-    if _prctl is not None:
-        _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent ended before the line above
-        os._exit(1)
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs: not ended, nor ended and waiting to be reaped (a zombie, as the
-    orphans of a killed server are where nothing reaps them, as under a container's first process)."""
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine runs: it has not ended, nor ended and waits to be
+    reaped (a zombie, as the orphans of a killed server are where nothing reaps them, as under a
+    container's first process; told apart on Linux)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().rpartition(")")[2].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
+        if sys.platform.startswith("linux"):
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
+    except PermissionError:  # another user's
+        pass
+    return True
 
 
 # The server's side.
@@ -337,7 +335,7 @@ def _become(
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.setsid()
     os.close(settling)
-    end_with(server)
+    end_with_parent(server)
     for target, fd in enumerate(files):
         os.dup2(fd, target)
         os.close(fd)

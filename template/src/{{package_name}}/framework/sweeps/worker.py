@@ -27,7 +27,7 @@ from ..runs.experiments import RECORD_FILE, read_lines
 from .report import shown
 from .spec import SweepError, budget_of, suggest
 from .study import LOST, STORAGE_VARIABLE, SWEEPS_DIR, fail_stale, retry
-from .warm import start
+from .warm import alive, start
 
 PACKAGE = __name__.partition(".")[0]
 TRIAL_CALLBACK = f"{PACKAGE}.framework.sweeps.trial.SweepTrial"
@@ -107,16 +107,6 @@ def worker_id() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid(), "slurm": job and f"{job}_{task}"}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def retry_killed(study: optuna.Study) -> None:
     """Mark failed the running trials whose worker is gone, and queue each again with its values
     and run: a worker of this machine whose process has ended, or an earlier start of this Slurm
@@ -128,7 +118,7 @@ def retry_killed(study: optuna.Study) -> None:
         if not worker or (worker["pid"] == me["pid"] and worker["host"] == me["host"]):
             continue
         same_task = me["slurm"] is not None and worker["slurm"] == me["slurm"]
-        if same_task or (worker["host"] == me["host"] and not _alive(worker["pid"])):
+        if same_task or (worker["host"] == me["host"] and not alive(worker["pid"])):
             try:
                 study.tell(trial.number, state=TrialState.FAIL)
             except ValueError:  # another worker was first
