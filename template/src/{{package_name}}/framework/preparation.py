@@ -69,6 +69,8 @@ class RunStart:
             settings.start_from_checkpoint(config)
         self.network_input = settings.use_network_input(config)
         if (data := settings.build_data(parser, parsed, subcommand)) is not None:
+            if self.checkpoint and config.ckpt_path:
+                data.restore_fitted(self.checkpoint.get(type(data).__qualname__, {}))
             settings.set_sizes(config, data)
         run_dir, resumed = start.run_dir(config, subcommand)
         settings.check_precision(config.trainer)

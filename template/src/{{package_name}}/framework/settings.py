@@ -93,7 +93,15 @@ _JSONARGPARSE = tuple(int(part) for part in importlib.metadata.version("jsonargp
 KEEP_UNSET = {"skip_unset" if _JSONARGPARSE >= (4, 49) else "skip_none": False}
 # What each size taken from the data counts, as the messages say.
 NETWORK_INPUT = ("image_size", "interpolation", "mean", "std")
-SIZE_NAMES = {"in_features": "input features", "num_classes": "classes", "num_outputs": "regression target"}
+SIZE_NAMES = {
+    "in_features": "input features",
+    "num_classes": "classes",
+    "num_outputs": "regression target",
+    "vocab_size": "tokens in its vocabulary",
+    "max_length": "tokens per text at most",
+}
+# The sizes a text data module gives besides those every one gives (framework/data/text.py).
+TOKEN_SIZES = ("vocab_size", "max_length")
 OUTPUTS = {"classification": "num_classes", "regression": "num_outputs"}  # what a network's outputs are
 
 
@@ -338,7 +346,7 @@ def use_network_input(config: Namespace) -> dict[str, Any]:
 
 def set_sizes(config: Namespace, data: SupervisedDataModule) -> None:
     """Give the model and its network the sizes of ``data``, the run's data module (classes, input
-    features, outputs), where they are unset, and refuse one set by hand that differs from the
+    features, outputs, a text's tokens), where they are unset, and refuse one set by hand that differs from the
     data's."""
     check_task(class_at(config.model.class_path), data.task)
     sizes = {"num_classes": data.num_classes, "in_features": data.num_features}  # reads the data
@@ -349,6 +357,7 @@ def set_sizes(config: Namespace, data: SupervisedDataModule) -> None:
     # A network's outputs, num_classes or num_outputs by its own name: one per class, or one target.
     outputs = 1 if data.task == "regression" else sizes["num_classes"]
     sizes["num_classes"] = sizes["num_outputs"] = outputs
+    sizes |= {key: getattr(data, key, None) for key in TOKEN_SIZES}
     network = model.get("network")
     if isinstance(network, Namespace) and isinstance(network.get("init_args"), Namespace):
         _set_network_sizes(network, sizes, data.task)
@@ -362,7 +371,7 @@ def _set_network_sizes(network: Namespace, sizes: dict[str, int | None], task: s
         if key in network.init_args and value is not None:
             if key in parameters and network.init_args[key] == parameters[key].default:
                 network.init_args[key] = None
-            what = SIZE_NAMES[key] if key == "in_features" else SIZE_NAMES[OUTPUTS[task]]
+            what = SIZE_NAMES[OUTPUTS[task]] if key in OUTPUTS.values() else SIZE_NAMES[key]
             _set_size(network.init_args, f"model.init_args.network.init_args.{key}", value, what)
 
 

@@ -1,5 +1,5 @@
 """The template's data modules: splitting, checks and preprocessing apart from where the samples
-come from, and the modules for a file, an image folder and LitData shards."""
+come from, and the modules for a file, an image folder, texts and LitData shards."""
 
 from typing import TYPE_CHECKING
 
@@ -9,6 +9,7 @@ from .file import FileDataModule
 from .images import ImageFolderDataModule
 from .preprocessing import Preprocessing
 from .tables import Table, read_table
+from .text import TextDataModule
 
 if TYPE_CHECKING:
     from .streaming import StreamingDataModule as StreamingDataModule
@@ -20,6 +21,7 @@ __all__ = [
     "Preprocessing",
     "SupervisedDataModule",
     "Table",
+    "TextDataModule",
     "gives_sizes",
     "read_table",
 ]

@@ -41,7 +41,10 @@ class SupervisedDataModule(LightningDataModule):
     - ``missing_values``: what became of missing values, for the experiment record;
     - ``sample_columns``: the columns of ``predictions.csv`` that say where each sample came from;
     - a ``predict_path`` argument: the samples that ``predict --inputs`` gives it (a file of
-      rows, or images); batches of new samples that may leave some out are ``PredictBatch``.
+      rows, or images); batches of new samples that may leave some out are ``PredictBatch``;
+    - ``vocab_size`` and ``max_length``: a text module's, the tokens its tokenizer knows and the
+      most a text keeps, which become a network's arguments of those names where it has them;
+    - ``restore_fitted``: what a checkpoint's run fitted, taken before the sizes are read.
 
     Its arguments are saved with ``save_hyperparameters()``, so that ``test`` and ``predict``
     rebuild it from a checkpoint as it was trained.
@@ -71,6 +74,12 @@ class SupervisedDataModule(LightningDataModule):
     def class_counts(self) -> np.ndarray | None:
         """The number of training samples of each class, by class index."""
         return None
+
+    def restore_fitted(self, state: dict[str, Any]) -> None:
+        """Take what the run of a checkpoint fitted on its training split, ``state`` (the
+        checkpoint's copy of this module's ``state_dict``), before the sizes are read, so that a
+        test, a predict or a resumed fit uses it rather than fitting it again. By default nothing:
+        a table's preprocessing, quick to fit, is fitted and then replaced by ``load_state_dict``."""
 
     def sample_columns(self, indices: list[int]) -> dict[str, list]:
         """Columns of ``predictions.csv`` naming the samples at ``indices`` of the predicted split

@@ -28,7 +28,9 @@ class Preprocessing(nn.Module):
     category's index in ``categories[name]``, or -1 for a category not seen in training, which
     encodes as all zeros. Fitted with imputation, a missing number becomes the training split's
     ``median``, and each numeric feature in ``indicators`` (by position) adds an input that is 1
-    where it was missing. Unfitted, it passes its input through unchanged.
+    where it was missing. Unfitted, it passes its input through unchanged, as it passes a text
+    model's token ids: their ``tokenizer`` (``framework/data/text.py``) is kept here, so that the
+    model's checkpoint encodes new texts as its training texts were.
     """
 
     def __init__(self) -> None:
@@ -39,6 +41,7 @@ class Preprocessing(nn.Module):
         self.indicators: list[int] = []  # the numeric features whose missing values are an input too
         self.categories: dict[str, list[str]] = {}  # each categorical feature's categories
         self.classes: list[str] = []  # the class names, by class index
+        self.tokenizer: str | None = None  # a text model's tokenizer, as the JSON of Hugging Face tokenizers
 
     def forward(self, x: Tensor) -> Tensor:
         width = len(self.numeric)
@@ -71,12 +74,13 @@ class Preprocessing(nn.Module):
 
     def describe(self) -> dict[str, Any]:
         """What a checkpoint keeps besides the buffers: the features' names, the indicators, the
-        categories and the classes."""
+        categories, the classes and the tokenizer."""
         return {
             "numeric": self.numeric,
             "indicators": self.indicators,
             "categories": self.categories,
             "classes": self.classes,
+            "tokenizer": self.tokenizer,
         }
 
     def restore(self, description: dict[str, Any]) -> None:
@@ -84,6 +88,7 @@ class Preprocessing(nn.Module):
         self.indicators = description["indicators"]
         self.categories = description["categories"]
         self.classes = description["classes"]
+        self.tokenizer = description.get("tokenizer")  # checkpoints before text have none
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         # The statistics' sizes come from the data: take the saved ones.

@@ -117,6 +117,7 @@ def read_table(
     drop_columns: Collection[str] = (),
     only_columns: Collection[str] | None = None,
     missing_advice: str | None = None,
+    text_columns: Collection[str] = (),
 ) -> Table:
     """The samples of a ``.csv``, ``.npz`` or ``.npy`` file, checked; see the module's docstring.
 
@@ -124,14 +125,15 @@ def read_table(
     archive; the features are the other columns, or the array ``features_key``. Labels are
     optional here; a data module that needs them says so. A CSV file's columns in
     ``drop_columns``, or not in ``only_columns`` if given, are not read. With ``missing_advice``, a
-    missing value is one of the problems reported, with that advice.
+    missing value is one of the problems reported, with that advice. The ``text_columns`` (a text
+    model's input) must be in the file, and are read as text, free text included.
     """
     if path.suffix not in (".npy", ".npz", ".csv"):
         raise DataError(f"{path} is not a .npy, .npz or .csv file")
     if not path.is_file():
         raise FileNotFoundError(f"no such file {path}")
     if path.suffix == ".csv":
-        table, problems = _read_csv(path, label_column, set(drop_columns), only_columns)
+        table, problems = _read_csv(path, label_column, set(drop_columns), only_columns, set(text_columns))
     else:
         table, problems = _read_arrays(path, labels_key, features_key), []
     problems += numeric_problems(table)
@@ -181,7 +183,7 @@ def _read_arrays(path: Path, labels_key: str, features_key: str) -> Table:
 
 
 def _read_csv(
-    path: Path, label_column: str, dropped: set[str], only: Collection[str] | None
+    path: Path, label_column: str, dropped: set[str], only: Collection[str] | None, free_text: set[str]
 ) -> tuple[Table, list[str]]:
     with csv_text(path):
         with path.open(newline="", encoding="utf-8-sig") as file:
@@ -194,6 +196,8 @@ def _read_csv(
             raise DataError(f"data.init_args.drop_columns names {unknown}, not columns of {path}: {header}")
         if label_column in dropped:
             raise DataError(f"data.init_args.drop_columns names {label_column!r}, the label column")
+        if absent := sorted(free_text - set(header)):
+            raise DataError(f"{path} has no column {absent[0]!r}; its columns are {header}")
         features = [
             i
             for i, name in enumerate(header)
@@ -203,7 +207,7 @@ def _read_csv(
             raise DataError(f"{path} has no feature columns besides {label_column!r}")
         label = header.index(label_column) if label_column in header else None
         counts, present = text.sum(axis=0), (~np.isnan(numbers) | text).sum(axis=0)
-        textual = [i for i in features if counts[i] * 2 > present[i]]  # mostly text
+        textual = [i for i in features if counts[i] * 2 > present[i] or header[i] in free_text]  # mostly text
         wrong = [i for i in features if counts[i] and i not in textual]
         text_labels = label is not None and bool(counts[label])
         read_as_text = [*wrong, *textual, *([label] if text_labels else [])]
@@ -218,7 +222,9 @@ def _read_csv(
             f"({such(int(counts[i]), 'value')} in a column of numbers); fill or drop them"
         )
     texts = dict(zip(textual, values[:, len(wrong) : len(wrong) + len(textual)].T, strict=True))
-    refused = {i: _text_problems(path, header[i], column) for i, column in texts.items()}
+    refused = {
+        i: [] if header[i] in free_text else _text_problems(path, header[i], column) for i, column in texts.items()
+    }
     problems += [problem for found in refused.values() for problem in found]
     categorical = [i for i in textual if not refused[i]]
     numeric = [i for i in features if i not in textual and i not in wrong]
