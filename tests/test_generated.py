@@ -250,6 +250,8 @@ for name, names in TASK_PARTS.items():
     deselected = [f"--deselect=tests/template/{test}" for test in ONCE]
     PARTS[REGRESSION, name] = [[*_test_files(*names), *deselected]]
 PARTS[REGRESSION, "files"].append(["-m", "not slow", *_test_files("images")])
+# Texts with a numeric target, the regression project's own configs for texts.
+PARTS[REGRESSION, "files"].append([*_test_files("text"), "-k", "regression"])
 PARTS["loggers=none", "logger files"] = [["-m", "not slow", *_test_files(*LOGGER_FILES)]]
 # A regression project's loggers take the same paths as a classifier's, but for the images of its
 # test report.

@@ -118,6 +118,7 @@ def read_table(
     only_columns: Collection[str] | None = None,
     missing_advice: str | None = None,
     text_columns: Collection[str] = (),
+    required_columns: Collection[str] = (),
 ) -> Table:
     """The samples of a ``.csv``, ``.npz`` or ``.npy`` file, checked; see the module's docstring.
 
@@ -126,14 +127,16 @@ def read_table(
     optional here; a data module that needs them says so. A CSV file's columns in
     ``drop_columns``, or not in ``only_columns`` if given, are not read. With ``missing_advice``, a
     missing value is one of the problems reported, with that advice. The ``text_columns`` (a text
-    model's input) must be in the file, and are read as text, free text included.
+    model's input) are read as text, free text included; they and the ``required_columns`` must
+    be in the file.
     """
     if path.suffix not in (".npy", ".npz", ".csv"):
         raise DataError(f"{path} is not a .npy, .npz or .csv file")
     if not path.is_file():
         raise FileNotFoundError(f"no such file {path}")
     if path.suffix == ".csv":
-        table, problems = _read_csv(path, label_column, set(drop_columns), only_columns, set(text_columns))
+        required = [*text_columns, *required_columns]
+        table, problems = _read_csv(path, label_column, set(drop_columns), only_columns, set(text_columns), required)
     else:
         table, problems = _read_arrays(path, labels_key, features_key), []
     problems += numeric_problems(table)
@@ -183,7 +186,12 @@ def _read_arrays(path: Path, labels_key: str, features_key: str) -> Table:
 
 
 def _read_csv(
-    path: Path, label_column: str, dropped: set[str], only: Collection[str] | None, free_text: set[str]
+    path: Path,
+    label_column: str,
+    dropped: set[str],
+    only: Collection[str] | None,
+    free_text: set[str],
+    required: list[str],
 ) -> tuple[Table, list[str]]:
     with csv_text(path):
         with path.open(newline="", encoding="utf-8-sig") as file:
@@ -196,7 +204,7 @@ def _read_csv(
             raise DataError(f"data.init_args.drop_columns names {unknown}, not columns of {path}: {header}")
         if label_column in dropped:
             raise DataError(f"data.init_args.drop_columns names {label_column!r}, the label column")
-        if absent := sorted(free_text - set(header)):
+        if absent := [name for name in required if name not in header]:
             raise DataError(f"{path} has no column {absent[0]!r}; its columns are {header}")
         features = [
             i
