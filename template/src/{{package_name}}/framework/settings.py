@@ -346,8 +346,8 @@ def use_network_input(config: Namespace) -> dict[str, Any]:
 
 def set_sizes(config: Namespace, data: SupervisedDataModule) -> None:
     """Give the model and its network the sizes of ``data``, the run's data module (classes, input
-    features, outputs, a text's tokens), where they are unset, and refuse one set by hand that differs from the
-    data's."""
+    features, outputs, a text's tokens), where they are unset, and refuse one set by hand that
+    differs from the data's."""
     check_task(class_at(config.model.class_path), data.task)
     sizes = {"num_classes": data.num_classes, "in_features": data.num_features}  # reads the data
     model = config.model.init_args

@@ -136,7 +136,9 @@ def read_table(
         raise FileNotFoundError(f"no such file {path}")
     if path.suffix == ".csv":
         required = [*text_columns, *required_columns]
-        table, problems = _read_csv(path, label_column, set(drop_columns), only_columns, set(text_columns), required)
+        table, problems = _read_csv(
+            path, label_column, set(drop_columns), only_columns, set(text_columns), required
+        )
     else:
         table, problems = _read_arrays(path, labels_key, features_key), []
     problems += numeric_problems(table)
@@ -231,7 +233,8 @@ def _read_csv(
         )
     texts = dict(zip(textual, values[:, len(wrong) : len(wrong) + len(textual)].T, strict=True))
     refused = {
-        i: [] if header[i] in free_text else _text_problems(path, header[i], column) for i, column in texts.items()
+        i: [] if header[i] in free_text else _text_problems(path, header[i], column)
+        for i, column in texts.items()
     }
     problems += [problem for found in refused.values() for problem in found]
     categorical = [i for i in textual if not refused[i]]

@@ -42,7 +42,8 @@ class TextTransformer(nn.Module):
         super().__init__()
         if vocab_size is None or max_length is None or num_outputs is None:
             raise ConfigError(
-                f"{KEY}: give vocab_size, max_length and num_outputs (the command line takes them from the data)"
+                f"{KEY}: give vocab_size, max_length and num_outputs (the command line takes them from "
+                "the data)"
             )
         if d_model % heads:
             raise ConfigError(f"{KEY}.d_model={d_model} must be a multiple of heads={heads}")
