@@ -300,12 +300,16 @@ def check_header_length(path: Path, file) -> None:
 
 def _dialect(sample: str) -> type[csv.Dialect]:
     """The dialect of a CSV file that begins with ``sample``: its delimiter is the one of
-    ``DELIMITERS`` that splits the first lines alike, or a comma where none does (one column)."""
+    ``DELIMITERS`` that splits the first lines alike, or a comma where none does (one column); its
+    quotes are double quotes, as pandas and spreadsheets read them. The sniffer's guess of the quote
+    is not taken: texts with apostrophes (``Nebraska 's``) made it guess ``'``, and a quoted
+    comma then split a text in two."""
     lines = sample.splitlines()
     try:
-        return csv.Sniffer().sniff("\n".join(lines[:-1] or lines), delimiters=DELIMITERS)  # whole lines
+        sniffed = csv.Sniffer().sniff("\n".join(lines[:-1] or lines), delimiters=DELIMITERS)  # whole lines
     except csv.Error:
         return csv.excel
+    return type("Sniffed", (csv.excel,), {"delimiter": sniffed.delimiter})
 
 
 def _read_numbers(path: Path, reader) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
