@@ -24,11 +24,6 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 # Test processes: a generated project's training uses about one core, so two fill this machine's two.
 WORKERS ?= 2
-# One torch thread for each test's runs: two workers' runs share two cores, and torch's two threads
-# a run, waiting on each other at every operation while the other worker's run holds a core, made
-# a small fit 3 to 7 times slower (docs/performance.md, "The loggers on two cores"). The user's
-# path (tests/template/test_user_path.py) runs with the user's threads all the same.
-TEST_ENV := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}
 
 .PHONY: setup test test-fast release-check demo docs bench bench-serve bench-finetune bench-backbone bench-streaming bench-startup bench-sweep lint tags clean
 
@@ -41,11 +36,11 @@ $(VENV)/.installed: requirements-dev.txt
 	touch $@
 
 test: setup
-	$(TEST_ENV) $(BIN)/python -m pytest tests -n $(WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25
+	$(BIN)/python -m pytest tests -n $(WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25
 
 test-fast: setup
 	@$(BIN)/python tests/release.py --warn
-	$(TEST_ENV) $(BIN)/python -m pytest tests -m "not slow and not release" -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest tests -m "not slow and not release" -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 release-check:
 	@$(PYTHON) tests/release.py
