@@ -42,8 +42,9 @@ MESSAGE_BYTES = 4096  # a message of the server's; a request goes as a file, of 
 GONE_WAIT_S = 0.1  # how often a command whose server died is looked for, until it has ended
 # The environment variables read as Python starts or as libraries load (hash seed, warnings,
 # preloads, thread pools, torch's settings, the temporary folder, the rank Lightning reads at
-# import, PYTHONPATH): a command run with other values than its server's starts anew. Its module
-# path begins with the folder it runs in, as a new process's does.
+# import): a command run with other values than its server's starts anew. Its module path is a
+# new process's: the folder it runs in, then its PYTHONPATH's and the libraries' folders; where
+# that path would find a module the server imported elsewhere, it starts anew too.
 IMPORT_TIME = ("PYTHON", "LD_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "TORCH", "PYTORCH_")
 IMPORT_TIME += ("TMPDIR", "RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "LANG", "LC_")
 
@@ -357,31 +358,54 @@ def _become(
 
 
 def _module_path(cwd: str, env: dict[str, str], started: dict[str, Any]) -> list[str] | None:
-    """``sys.path`` as ``python -m`` in ``cwd`` with ``env`` would begin it: the folder, then the
-    server's own (PYTHONPATH, the libraries); None if the import-time environment differs from the
-    server's (PYTHONPATH too: a folder that a library's ``.pth`` file adds is left out of
-    ``sys.path`` where PYTHONPATH names it first), or the folder holds a module the server
-    imported (which a new process would import from there)."""
+    """``sys.path`` as ``python -m`` in ``cwd`` with ``env`` would begin it; None if a new process
+    would differ otherwise: its import-time environment (but PYTHONPATH) is not the server's, or
+    its path finds a module the server imported in another place (a module of that name in the
+    folder it runs in, or in a folder of its PYTHONPATH)."""
     if _import_time(env) != _import_time(started["env"]):
         return None
-    if cwd != started["path"][0] and any(name in sys.modules for name in _modules_in(cwd)):
+    if env.get("PYTHONPATH") == started["env"].get("PYTHONPATH"):
+        path = [cwd, *started["path"][1:]]
+    else:  # as a new process's site module makes it (a library's .pth files, duplicates left out)
+        found = subprocess.run(
+            [sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"],
+            env=env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        path = [cwd, *json.loads(found.stdout)]
+    imported = [
+        name for name, module in sys.modules.items() if "." not in name and getattr(module, "__file__", None)
+    ]
+    if any(_finder(name, path) != _finder(name, started["path"]) for name in imported):
         return None
-    return [cwd, *started["path"][1:]]
+    return path
 
 
-def _modules_in(folder: str) -> list[str]:
+def _finder(name: str, path: list[str]) -> str | None:
+    """The first folder of ``path`` that holds the module or package ``name``."""
+    return next((folder for folder in path if name in _modules_in(folder)), None)
+
+
+@functools.cache
+def _modules_in(folder: str) -> frozenset[str]:
     """The names of the modules and packages that ``folder`` holds."""
     try:
         names = os.listdir(folder)
     except OSError:
-        return []
+        return frozenset()
     packages = [name for name in names if os.path.isfile(os.path.join(folder, name, "__init__.py"))]
     modules = [name.partition(".")[0] for name in names if name.endswith((".py", ".so"))]
-    return [*packages, *modules]
+    return frozenset([*packages, *modules])
 
 
 def _import_time(env: dict[str, str]) -> dict[str, str]:
-    return {name: value for name, value in env.items() if name.startswith(IMPORT_TIME)}
+    """The variables read as Python starts or as libraries load, but PYTHONPATH."""
+    return {
+        name: value for name, value in env.items() if name.startswith(IMPORT_TIME) and name != "PYTHONPATH"
+    }
 
 
 if __name__ == "__main__":
