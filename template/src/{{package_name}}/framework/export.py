@@ -18,6 +18,12 @@ Writes into ``export-<checkpoint name>/`` beside the checkpoint:
   ``model.pt2`` as the extra file ``metadata.json``
   (``torch.export.load(path, extra_files={"metadata.json": ""})`` fills that dictionary).
 
+A text model's take int64 token ids, ``[batch, tokens]``, of any number of texts and tokens: each
+text encoded by the checkpoint's tokenizer (``metadata.json``'s ``input.tokenizer``, the JSON of
+Hugging Face ``tokenizers``), cut to its first ``max_length`` ids and padded with ``pad_id`` (0)
+to the longest text of the batch. The model derives the padding mask from id 0 itself: the padding
+changes no text's outputs.
+
 An image model's exports take a uint8 batch of any size of RGB images, channels first, as an
 image file decodes, resized and centre-cropped to the checkpoint's evaluation size as ``predict``
 does (``metadata.json`` says how): they scale and normalise the pixels themselves.
@@ -50,6 +56,7 @@ from torchvision.transforms import v2
 from .data import ImageFolderDataModule
 from .data.images import CENTRE_CROP_RATIO, read_image
 from .data.tables import MISSING_CATEGORY
+from .data.text import concatenated
 from .models import Classifier
 from .models.trained import load_trained
 from .runs.checkpoints import read_checkpoint
@@ -90,7 +97,7 @@ def exported_inputs(
 ) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     """What is exported, its input on the test split's samples, and the eager model's outputs on
     them as ``predict`` gives them (images: through the data module's own evaluation transform)."""
-    batches = torch.cat([batch[0] for batch in data.test_dataloader()])
+    batches = concatenated([batch[0] for batch in data.test_dataloader()])
     with torch.inference_mode():
         expected = model(batches)
     if not isinstance(data, ImageFolderDataModule):
@@ -118,6 +125,18 @@ def describe(model: LightningModule, data: LightningDataModule, features: torch.
             "antialiased) and the centre "
             f"{size} x {size} cropped; the model scales the pixels to [0, 1] and normalises each "
             "channel, (pixel - mean) / std, itself",
+        }
+    elif preprocess.tokenizer:
+        inputs |= {
+            "name": "ids",
+            "shape": ["batch", "tokens"],
+            "tokenizer": json.loads(preprocess.tokenizer),
+            "max_length": data.hparams.max_length,
+            "pad_id": 0,
+            "text_column": data.text_column,
+            "description": "token ids, one row per text: the text, stripped of spaces at its ends, encoded "
+            "by tokenizer (the JSON of Hugging Face tokenizers), cut to its first max_length ids and "
+            "padded with pad_id to the longest text of the batch; the model leaves the padding out",
         }
     else:
         inputs |= {
@@ -152,9 +171,13 @@ def describe(model: LightningModule, data: LightningDataModule, features: torch.
 def export(model: nn.Module, features: torch.Tensor, kind: str, path: Path, metadata: str) -> Callable:
     """Write one export, with the metadata in it; return a function that runs the exported file on
     a batch of features."""
-    batch = torch.export.Dim("batch", min=1)
+    # The axes the metadata names (batch; tokens, of texts) are dynamic, the others fixed.
+    shape = json.loads(metadata)["input"]["shape"]
+    dynamic = (
+        {axis: torch.export.Dim(name, min=1) for axis, name in enumerate(shape) if isinstance(name, str)},
+    )
     if kind == "torch_export":
-        program = torch.export.export(model, (features,), dynamic_shapes=({0: batch},))
+        program = torch.export.export(model, (features,), dynamic_shapes=dynamic)
         torch.export.save(program, path, extra_files={"metadata.json": metadata})
         return torch.export.load(path).module()
     try:
@@ -168,7 +191,7 @@ def export(model: nn.Module, features: torch.Tensor, kind: str, path: Path, meta
         dynamo=True,
         input_names=[json.loads(metadata)["input"]["name"]],
         output_names=[output],
-        dynamic_shapes=({0: batch},),
+        dynamic_shapes=dynamic,
         verbose=False,
     )
     program.model.metadata_props["metadata"] = metadata

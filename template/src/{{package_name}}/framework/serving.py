@@ -5,7 +5,8 @@
 - ``POST /predict`` takes JSON: for a table model ``{"rows": [{"<column>": value, ...}, ...]}``,
   each row's raw values as in the data file (numbers for numeric columns, text for the others,
   null for a missing value where the model imputes them); for an image model
-  ``{"images": ["<base64 of a PNG or JPEG file>", ...]}``. It answers
+  ``{"images": ["<base64 of a PNG or JPEG file>", ...]}``; for a text model
+  ``{"texts": ["<text>", ...]}``, each tokenized by the checkpoint's tokenizer. It answers
   ``{"predictions": [{"class": ..., "probability": ..., "top_k": [[class, probability], ...]}]}``,
   or ``{"predictions": [{"value": ...}]}`` for a regression target in its own units: what
   ``predict`` writes for the same inputs, through the same checkpoint's preprocessing.
@@ -38,6 +39,7 @@ from torch import Tensor
 from .data.images import ImageFolderDataModule, UnreadableImageError, decode_image
 from .data.preprocessing import encode_features
 from .data.tables import LARGEST_VALUE, MISSING_CATEGORY, Table, numeric_problems
+from .data.text import concatenated, encode, tokenizers_module
 from .models.trained import check_project_model, load_trained
 from .runs.checkpoints import check_made_here, read_checkpoint
 from .utils.predictions import top_classes
@@ -70,8 +72,11 @@ class Predictor:
         self.model.to(device)
         self.top_k, self.device = top_k, torch.device(device)
         self.transform = data.transform(train=False) if isinstance(data, ImageFolderDataModule) else None
-        self.kind = "images" if self.transform else "rows"
         preprocess = self.model.preprocess
+        if preprocess.tokenizer:  # a model of texts
+            self.tokenizer = tokenizers_module().Tokenizer.from_str(preprocess.tokenizer)
+            self.max_length = data.hparams.max_length
+        self.kind = "images" if self.transform else "texts" if preprocess.tokenizer else "rows"
         self.numeric, self.text = list(preprocess.numeric), list(preprocess.categories)
         self.imputes = getattr(data, "hparams", {}).get("missing") == "impute"
 
@@ -85,7 +90,7 @@ class Predictor:
         items = body[self.kind]
         if not isinstance(items, list) or not items:
             raise RequestError(f"{self.kind} must be a list of one or more {self.kind[:-1]}s")
-        return self._images(items) if self.transform else self._rows(items)
+        return {"images": self._images, "texts": self._texts, "rows": self._rows}[self.kind](items)
 
     def _images(self, images: list[Any]) -> Tensor:
         batch = []
@@ -100,6 +105,16 @@ class Predictor:
             except UnreadableImageError as error:
                 raise RequestError(str(error)) from None
         return torch.stack(batch)
+
+    def _texts(self, texts: list[Any]) -> Tensor:
+        """Token ids, as ``predict`` encodes a file's texts: stripped, cut to the checkpoint's
+        ``max_length`` and padded with 0."""
+        for n, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise RequestError(f"texts[{n}] must be a string, got {_quoted(text)}")
+            if not text.strip():
+                raise RequestError(f"texts[{n}] is empty; send the text to predict")
+        return encode(self.tokenizer, [text.strip() for text in texts], self.max_length)[0]
 
     def _rows(self, rows: list[Any]) -> Tensor:
         columns = [*self.numeric, *self.text]
@@ -280,7 +295,7 @@ class ModelAPI(litserve.LitAPI):
         requests = inputs if isinstance(inputs, list) else [inputs]
         batches = [request for request in requests if isinstance(request, Tensor)]
         if batches:
-            outputs = iter(self.predictor.predict(torch.cat(batches)).split([len(b) for b in batches]))
+            outputs = iter(self.predictor.predict(concatenated(batches)).split([len(b) for b in batches]))
         answers = [
             request if isinstance(request, RequestError) else self.predictor.answers(next(outputs))
             for request in requests

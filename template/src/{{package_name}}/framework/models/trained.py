@@ -17,13 +17,7 @@ def check_project_model(checkpoint: dict[str, Any]) -> None:
     """Refuse the checkpoint of a module of your own (any LightningModule) where a Classifier or a
     Regressor of this project is needed: export.py and serve use the preprocessing those carry and
     know what their outputs are. Only a class of this project, or one already imported, is looked
-    at: nothing else that a checkpoint names is imported (Lightning refuses to build it anyway).
-    A model of texts is refused too: export.py and serve take rows and images."""
-    if (checkpoint.get("preprocessing") or {}).get("tokenizer"):
-        raise ValueError(
-            "a model of texts, which export.py and serve do not take yet (they take rows and images); "
-            "predict --inputs FILE predicts new texts"
-        )
+    at: nothing else that a checkpoint names is imported (Lightning refuses to build it anyway)."""
     class_path = (checkpoint.get("hyper_parameters") or {}).get("_class_path")
     if not isinstance(class_path, str):
         return
