@@ -62,8 +62,9 @@ class SupervisedModule(LightningModule):
             take longer while it compiles; the later ones run faster where the network's
             operations are worth fusing.
         freeze_epochs: for a network with a pretrained backbone and a new ``head``
-            (``models.backbone.Backbone``): train the head alone for this many epochs, the
-            backbone's weights and batch-norm statistics frozen, then everything.
+            (``models.backbone.Backbone``, ``models.text_pretrained.PretrainedTextEncoder``): train
+            the head alone for this many epochs, the backbone's weights and batch-norm statistics
+            frozen, then everything.
         backbone_lr_scale: for such a network, the backbone's learning rate as a fraction of the
             head's (``lr``), through warm-up, schedule and ``scale_lr`` alike.
     """

@@ -105,7 +105,6 @@ class PretrainedTextEncoder(nn.Module):
         else:
             encoder_config = read_config(transformers, weights)
         check_fits(encoder_config, weights or "the checkpoint's encoder", vocab_size, max_length)
-        self.frozen = False
         if weights is None:  # a checkpoint's weights replace these
             self.encoder = transformers.AutoModel.from_config(encoder_config, dtype=torch.float32)
         else:
@@ -123,8 +122,8 @@ class PretrainedTextEncoder(nn.Module):
         return {"weights": None, "config": json.loads(self.encoder.config.to_json_string(use_diff=False))}
 
     def freeze(self, frozen: bool) -> None:
-        """Freeze the encoder (all but the head), or unfreeze it."""
-        self.frozen = frozen
+        """Freeze the encoder (all but the head), or unfreeze it. Its dropout stays on: it has no
+        batch-norm statistics to keep."""
         self.encoder.requires_grad_(not frozen)
 
     def forward(self, ids: Tensor) -> Tensor:
