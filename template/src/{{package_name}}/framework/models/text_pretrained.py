@@ -55,6 +55,20 @@ def read_config(transformers: Any, directory: str) -> Any:
         raise ConfigError(f"{KEY}.weights: {directory} is not a transformers model ({reason})") from None
 
 
+def read_encoder(transformers: Any, directory: str, config: Any) -> nn.Module:
+    """The encoder saved in ``directory``, its weights in float32, refusing weights it cannot read."""
+    try:
+        return transformers.AutoModel.from_pretrained(
+            directory, config=config, local_files_only=True, dtype=torch.float32
+        )
+    except Exception as error:  # OSError for no weights file; safetensors' own error for a damaged one
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(
+            f"{KEY}.weights: {directory} holds no weights transformers can read ({reason}); save the "
+            "model again with save_pretrained"
+        ) from None
+
+
 class PretrainedTextEncoder(nn.Module):
     """A pretrained transformer encoder, the mean of its last outputs over each text's tokens (the
     padding left out), and a new linear head.
@@ -108,9 +122,7 @@ class PretrainedTextEncoder(nn.Module):
         if weights is None:  # a checkpoint's weights replace these
             self.encoder = transformers.AutoModel.from_config(encoder_config, dtype=torch.float32)
         else:
-            self.encoder = transformers.AutoModel.from_pretrained(
-                weights, config=encoder_config, local_files_only=True, dtype=torch.float32
-            )
+            self.encoder = read_encoder(transformers, weights, encoder_config)
         self.encoder.train()  # from_pretrained leaves it in eval mode, its dropout off
         if getattr(self.encoder, "pooler", None) is not None:
             self.encoder.pooler = None  # unused: its weights would get no gradient (DDP waits for them)
