@@ -84,7 +84,7 @@ class PretrainedTextEncoder(nn.Module):
     Args:
         weights: the directory of a transformers model saved with ``save_pretrained`` (its
             ``config.json`` and weights), read without the network. A checkpoint of this project
-            rebuilds the encoder from ``config`` instead, so the directory is needed to fit alone.
+            rebuilds the encoder from ``config`` instead: only a new fit reads the directory.
         vocab_size: the tokens of the data's tokenizer, at most the encoder's; from the data.
         max_length: the most tokens of a text, at most the encoder's positions; from the data.
         num_outputs: the outputs: one per class, or one regression target; from the data.
