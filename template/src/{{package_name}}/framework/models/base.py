@@ -62,8 +62,9 @@ class SupervisedModule(LightningModule):
             take longer while it compiles; the later ones run faster where the network's
             operations are worth fusing.
         freeze_epochs: for a network with a pretrained backbone and a new ``head``
-            (``models.backbone.Backbone``): train the head alone for this many epochs, the
-            backbone's weights and batch-norm statistics frozen, then everything.
+            (``models.backbone.Backbone``, ``models.text_pretrained.PretrainedTextEncoder``): train
+            the head alone for this many epochs, the backbone's weights and batch-norm statistics
+            frozen, then everything.
         backbone_lr_scale: for such a network, the backbone's learning rate as a fraction of the
             head's (``lr``), through warm-up, schedule and ``scale_lr`` alike.
     """
@@ -148,8 +149,11 @@ class SupervisedModule(LightningModule):
         # The checkpoint holds every weight: a model rebuilt from it (test, predict, serve, export)
         # starts from those, not from the network's starting weights, a file or a download.
         network = checkpoint.get("hyper_parameters", {}).get("network")
+        # A network that needs more than null weights to be built again (a pretrained text
+        # encoder, its configuration) says what, in ``checkpoint_init_args``.
         if isinstance(network, dict) and network.get("init_args", {}).get("weights"):
-            starting_from_none = {**network["init_args"], "weights": None}
+            rebuilt = getattr(self.network, "checkpoint_init_args", lambda: {"weights": None})()
+            starting_from_none = {**network["init_args"], **rebuilt}
             checkpoint["hyper_parameters"]["network"] = {**network, "init_args": starting_from_none}
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
