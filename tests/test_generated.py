@@ -193,6 +193,19 @@ FULL_PARTS = {"ddp+user_path": ("ddp", "user_path"), "images+training": ("images
 FULL_PARTS |= {"own_data+resume+sweep+scripts": ("own_data", "resume", "sweep", "scripts")}
 FULL_PARTS |= {"backbones": ("backbone", "backbone_uses", "finetuning"), "multinode": ("multinode",)}
 FULL_PARTS |= {"streaming": ("streaming",)}
+# The kit for a module of one's own, the terminal's output, the data modules and warm starts.
+FULL_PARTS |= {
+    "checks+outputs+data": (
+        "module_checks",
+        "outputs",
+        "example_module",
+        "data",
+        "outside_data",
+        "warm_trials",
+        "own_module",
+        "cross_validation",
+    )
+}
 TASK_PARTS = {
     "user_path+resume+sweep+scripts+own_data": ("user_path", "resume", "sweep", "scripts", "own_data"),
     "files": ("refused_inputs", "training", "reports", "report_script", "config", "data", "errors", "export"),
@@ -256,6 +269,23 @@ PARTS["loggers=none", "logger files"] = [["-m", "not slow", *_test_files(*LOGGER
 # A regression project's loggers take the same paths as a classifier's, but for the images of its
 # test report.
 PARTS["task=regression,loggers=wandb+csv", "logger files"] = [["-m", "not slow", *_test_files("reports")]]
+# pytest-xdist hands the parts out in this order, one at a time to each free worker: the longest
+# first (measured by --durations), so that the two workers end together.
+LONGEST_FIRST = [
+    (FULL, "the rest"),
+    (FULL, "checks+outputs+data"),
+    (REGRESSION, "files"),
+    (FULL, "own_data+resume+sweep+scripts"),
+    (FULL, "images+training"),
+    (FULL, "ddp+user_path"),
+    (REGRESSION, "user_path+resume+sweep+scripts+own_data"),
+    (FULL, "backbones"),
+    (FULL, "streaming"),
+    (FULL, "multinode"),
+    ("loggers=none", "logger files"),
+    ("task=regression,loggers=wandb+csv", "logger files"),
+]
+PARTS = {key: PARTS[key] for key in LONGEST_FIRST} | PARTS  # a part left out of the list: last
 
 
 def test_the_docs_say_what_each_part_covers():
