@@ -876,3 +876,63 @@ def test_pre_commit_refuses_conflict_markers_and_rejects(template_repo, tmp_path
         timeout=300,
     )
     assert hook.returncode == 1 and "pyproject.toml.rej" in hook.stdout
+
+
+TEXTS = "v0.19.0"  # the first release with texts
+TEXT_CONFIGS = ["--config=configs/data/text.yaml", "--config=configs/model/text_transformer.yaml"]
+
+
+def predicted(run_dir: Path, before: set[Path]) -> list[dict[str, str]]:
+    """The rows of the one predictions.csv in ``run_dir`` that is not in ``before``."""
+    (predictions,) = set(run_dir.glob("predict-*/predictions.csv")) - before
+    with predictions.open(newline="") as file:
+        return list(csv.DictReader(file))
+
+
+@pytest.mark.slow
+def test_a_text_model_of_the_first_release_with_texts_tests_predicts_and_exports_with_the_new_code(
+    template_repo, tmp_path
+):
+    # Its tokenizer is in its checkpoint: the new code encodes the texts as the old one did, so its
+    # test metrics and predictions are the old code's, and export.py (new since) takes the model.
+    project = copy_at(template_repo, TEXTS, tmp_path / "texts")
+    words = {"food": ["bread", "soup", "oven"], "music": ["song", "drum", "piano"]}
+    rows = [
+        [f"a {words[label][n % 3]} and the {words[label][(n + 1) % 3]} today", label]
+        for n in range(60)
+        for label in words
+    ]
+    with (project / "data" / "text.csv").open("w", newline="") as file:
+        csv.writer(file).writerows([["text", "label"], *rows])
+    project_cli(project, "fit", *TEXT_CONFIGS, "--trainer.max_epochs=3", "--run_name=texts")
+    run_dir = project / "checkpoints" / "texts"
+    (best,) = run_dir.glob("best-*.ckpt")
+
+    def tested_and_predicted() -> tuple[dict[str, float], list[dict[str, str]]]:
+        project_cli(project, "test", f"--ckpt_path={best}")
+        before = set(run_dir.glob("predict-*/predictions.csv"))
+        project_cli(project, "predict", f"--ckpt_path={best}")
+        return [r for r in records(project) if r.get("stage") == "test"][-1]["test"], predicted(
+            run_dir, before
+        )
+
+    old_metrics, old_predictions = tested_and_predicted()
+    commit_all(project, "the first run on texts")
+    update(project, unsafe=True)
+    assert conflicted(project) == []
+    new_metrics, new_predictions = tested_and_predicted()
+    assert new_metrics == pytest.approx(old_metrics, abs=1e-6)
+    assert len(new_predictions) == len(old_predictions) > 0
+    for new, old in zip(new_predictions, old_predictions, strict=True):
+        assert new.keys() == old.keys() and new["predicted"] == old["predicted"]
+        assert {key: float(new[key]) for key in new if key.startswith("prob_")} == pytest.approx(
+            {key: float(old[key]) for key in old if key.startswith("prob_")}, abs=1e-6
+        )
+    exported = run_python(
+        project, "scripts/export.py", f"--ckpt_path={best}", "--formats", "onnx", timeout=COMMAND_TIMEOUT
+    )
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    (metadata,) = run_dir.glob("export-*/metadata.json")
+    assert json.loads(metadata.read_text())["input"]["tokenizer"] == json.loads(
+        read_checkpoint(best)["preprocessing"]["tokenizer"]
+    )
