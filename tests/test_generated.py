@@ -193,6 +193,7 @@ FULL_PARTS = {"ddp+user_path": ("ddp", "user_path"), "images+training": ("images
 FULL_PARTS |= {"own_data+resume+sweep+scripts": ("own_data", "resume", "sweep", "scripts")}
 FULL_PARTS |= {"backbones": ("backbone", "backbone_uses", "finetuning"), "multinode": ("multinode",)}
 FULL_PARTS |= {"streaming": ("streaming",)}
+FULL_PARTS |= {"texts": ("text", "text_serving", "text_pretrained", "text_guarantees")}
 # The kit for a module of one's own, the terminal's output, the data modules and warm starts.
 FULL_PARTS |= {
     "checks+outputs+data": (
@@ -274,6 +275,7 @@ PARTS["task=regression,loggers=wandb+csv", "logger files"] = [["-m", "not slow",
 LONGEST_FIRST = [
     (FULL, "the rest"),
     (FULL, "checks+outputs+data"),
+    (FULL, "texts"),
     (REGRESSION, "files"),
     (FULL, "own_data+resume+sweep+scripts"),
     (FULL, "images+training"),
