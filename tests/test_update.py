@@ -445,6 +445,7 @@ OWNED_FILES = {
             "configs/model/example.yaml",
             "configs/model/mlp_wide.yaml",
             "configs/model/regressor.yaml",
+            "configs/model/text_pretrained.yaml",
             "configs/model/text_transformer.yaml",
         ],
         "configs/data/digits.yaml": ["configs/data/digits.yaml"],
