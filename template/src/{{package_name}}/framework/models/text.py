@@ -40,11 +40,7 @@ class TextTransformer(nn.Module):
         dropout: float = 0.1,
     ) -> None:
         super().__init__()
-        if vocab_size is None or max_length is None or num_outputs is None:
-            raise ConfigError(
-                f"{KEY}: give vocab_size, max_length and num_outputs (the command line takes them from "
-                "the data)"
-            )
+        check_sizes(vocab_size, max_length, num_outputs)
         if d_model % heads:
             raise ConfigError(f"{KEY}.d_model={d_model} must be a multiple of heads={heads}")
         self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=0)
@@ -59,11 +55,29 @@ class TextTransformer(nn.Module):
         self.head = nn.Linear(d_model, num_outputs)
 
     def forward(self, ids: Tensor) -> Tensor:
-        padding = ids == 0
-        # A text of no tokens at all keeps its first position, so that attention has a key to attend to.
-        padding[:, 0] = False
+        kept = kept_tokens(ids)
         positions = torch.arange(ids.shape[1], device=ids.device)
-        x = self.encoder(self.tokens(ids) + self.positions(positions), src_key_padding_mask=padding)
-        kept = (~padding).unsqueeze(-1).to(x.dtype)
-        pooled = (self.norm(x) * kept).sum(dim=1) / kept.sum(dim=1)
-        return self.head(self.dropout(pooled))
+        x = self.encoder(self.tokens(ids) + self.positions(positions), src_key_padding_mask=~kept)
+        return self.head(self.dropout(mean_over(self.norm(x), kept)))
+
+
+def check_sizes(vocab_size: int | None, max_length: int | None, num_outputs: int | None) -> None:
+    """Refuse a network for texts without the sizes the command line takes from the data."""
+    if vocab_size is None or max_length is None or num_outputs is None:
+        raise ConfigError(
+            f"{KEY}: give vocab_size, max_length and num_outputs (the command line takes them from the data)"
+        )
+
+
+def kept_tokens(ids: Tensor) -> Tensor:
+    """Where the token ids are a text's tokens, not its padding (id 0). A text of no tokens at all
+    keeps its first position, so that attention has a key to attend to."""
+    kept = ids != 0
+    kept[:, 0] = True
+    return kept
+
+
+def mean_over(outputs: Tensor, kept: Tensor) -> Tensor:
+    """The mean of each text's outputs, ``[samples, tokens, width]``, over its kept tokens."""
+    weights = kept.unsqueeze(-1).to(outputs.dtype)
+    return (outputs * weights).sum(dim=1) / weights.sum(dim=1)

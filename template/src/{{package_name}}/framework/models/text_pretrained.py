@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ConfigError
+from .text import check_sizes, kept_tokens, mean_over
 
 KEY = "model.init_args.network.init_args"
 
@@ -102,11 +103,7 @@ class PretrainedTextEncoder(nn.Module):
         config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        if vocab_size is None or max_length is None or num_outputs is None:
-            raise ConfigError(
-                f"{KEY}: give vocab_size, max_length and num_outputs (the command line takes them from "
-                "the data)"
-            )
+        check_sizes(vocab_size, max_length, num_outputs)
         if weights is not None and weights.lower() in ("none", "null"):
             weights = None  # as the command line gives a nested null
         if weights is None and config is None:
@@ -139,13 +136,9 @@ class PretrainedTextEncoder(nn.Module):
         self.encoder.requires_grad_(not frozen)
 
     def forward(self, ids: Tensor) -> Tensor:
-        kept = ids != 0
-        # A text of no tokens at all keeps its first position, so that attention has a key to attend to.
-        kept[:, 0] = True
+        kept = kept_tokens(ids)
         outputs = self.encoder(input_ids=ids, attention_mask=kept.long()).last_hidden_state
-        weights = kept.unsqueeze(-1).to(outputs.dtype)
-        pooled = (outputs * weights).sum(dim=1) / weights.sum(dim=1)
-        return self.head(self.dropout(pooled))
+        return self.head(self.dropout(mean_over(outputs, kept)))
 
 
 def check_fits(config: Any, source: str, vocab_size: int, max_length: int) -> None:
