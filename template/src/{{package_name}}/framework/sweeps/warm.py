@@ -361,7 +361,7 @@ def _module_path(cwd: str, env: dict[str, str], started: dict[str, Any]) -> list
     """``sys.path`` as ``python -m`` in ``cwd`` with ``env`` would begin it; None if a new process
     would differ otherwise: its import-time environment (but PYTHONPATH) is not the server's, or
     its path finds a module the server imported in another place (a module of that name in the
-    folder it runs in, or in a folder of its PYTHONPATH)."""
+    folder it runs in, or in a folder of its PYTHONPATH), or a Python started with ``env`` fails."""
     if _import_time(env) != _import_time(started["env"]):
         return None
     if env.get("PYTHONPATH") == started["env"].get("PYTHONPATH"):
@@ -373,8 +373,9 @@ def _module_path(cwd: str, env: dict[str, str], started: dict[str, Any]) -> list
             cwd=cwd,
             capture_output=True,
             text=True,
-            check=True,
         )
+        if found.returncode:  # a path a new process cannot start with: let it start and say why
+            return None
         path = [cwd, *json.loads(found.stdout)]
     imported = [
         name for name, module in sys.modules.items() if "." not in name and getattr(module, "__file__", None)
