@@ -71,6 +71,8 @@ class RunStart:
         if (data := settings.build_data(parser, parsed, subcommand)) is not None:
             if self.checkpoint and config.ckpt_path:
                 data.restore_fitted(self.checkpoint.get(type(data).__qualname__, {}))
+            elif weights := config.get("weights"):
+                data.use_weights_preprocessing(start.weights_preprocessing(weights), weights)
             settings.set_sizes(config, data)
         run_dir, resumed = start.run_dir(config, subcommand)
         settings.check_precision(config.trainer)

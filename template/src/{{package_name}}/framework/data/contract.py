@@ -44,7 +44,8 @@ class SupervisedDataModule(LightningDataModule):
       rows, or images); batches of new samples that may leave some out are ``PredictBatch``;
     - ``vocab_size`` and ``max_length``: a text module's, the tokens its tokenizer knows and the
       most a text keeps, which become a network's arguments of those names where it has them;
-    - ``restore_fitted``: what a checkpoint's run fitted, taken before the sizes are read.
+    - ``restore_fitted``: what a checkpoint's run fitted, taken before the sizes are read;
+    - ``use_weights_preprocessing``: what the weights of ``--weights`` need of the preprocessing.
 
     Its arguments are saved with ``save_hyperparameters()``, so that ``test`` and ``predict``
     rebuild it from a checkpoint as it was trained.
@@ -80,6 +81,12 @@ class SupervisedDataModule(LightningDataModule):
         checkpoint's copy of this module's ``state_dict``), before the sizes are read, so that a
         test, a predict or a resumed fit uses it rather than fitting it again. By default nothing:
         a table's preprocessing, quick to fit, is fitted and then replaced by ``load_state_dict``."""
+
+    def use_weights_preprocessing(self, described: dict[str, Any], path: str) -> None:
+        """Take what the weights of ``--weights path`` were trained with and cannot be trained
+        without, from ``described`` (that checkpoint's ``Preprocessing.describe()``, empty for a
+        plain ``state_dict``), before the sizes are read. By default nothing: a table's
+        statistics and classes are fitted on this data."""
 
     def sample_columns(self, indices: list[int]) -> dict[str, list]:
         """Columns of ``predictions.csv`` naming the samples at ``indices`` of the predicted split

@@ -86,6 +86,15 @@ def check_checkpoint(config: Namespace, subcommand: str) -> dict[str, Any]:
     return checkpoint
 
 
+def weights_preprocessing(path: str) -> dict[str, Any]:
+    """The preprocessing that the weights of ``--weights path`` were trained with: the
+    checkpoint's ``Preprocessing.describe()``, or an empty dict for a plain ``state_dict``."""
+    try:
+        return read_checkpoint(path).get("preprocessing") or {}
+    except (FileNotFoundError, ValueError) as error:
+        raise UsageError(f"--weights: {error}") from error
+
+
 def best_checkpoint(last: Path) -> Path:
     """The checkpoint that the run of ``last`` kept by its monitored metric, in the run's directory."""
     try:
