@@ -20,9 +20,10 @@ Writes into ``export-<checkpoint name>/`` beside the checkpoint:
 
 A text model's take int64 token ids, ``[batch, tokens]``, of any number of texts and tokens: each
 text encoded by the checkpoint's tokenizer (``metadata.json``'s ``input.tokenizer``, the JSON of
-Hugging Face ``tokenizers``), cut to its first ``max_length`` ids and padded with ``pad_id`` (0)
-to the longest text of the batch. The model derives the padding mask from id 0 itself: the padding
-changes no text's outputs.
+Hugging Face ``tokenizers``), cut to its first ``max_length`` ids and padded with ``pad_id``, the
+tokenizer's padding id, to the longest text of the batch; where ``pad_id`` is not 0 (RoBERTa's
+tokenizer), ``pad_id`` and 0 then trade places. The model takes id 0 for padding and derives the
+padding mask from it itself: the padding changes no text's outputs.
 
 An image model's exports take a uint8 batch of any size of RGB images, channels first, as an
 image file decodes, resized and centre-cropped to the checkpoint's evaluation size as ``predict``
@@ -56,7 +57,7 @@ from torchvision.transforms import v2
 from .data import ImageFolderDataModule
 from .data.images import CENTRE_CROP_RATIO, read_image
 from .data.tables import MISSING_CATEGORY
-from .data.text import concatenated
+from .data.text import concatenated, padding_id, tokenizers_module
 from .models import Classifier
 from .models.trained import load_trained
 from .runs.checkpoints import read_checkpoint
@@ -132,11 +133,12 @@ def describe(model: LightningModule, data: LightningDataModule, features: torch.
             "shape": ["batch", "tokens"],
             "tokenizer": json.loads(preprocess.tokenizer),
             "max_length": data.hparams.max_length,
-            "pad_id": 0,
+            "pad_id": padding_id(tokenizers_module().Tokenizer.from_str(preprocess.tokenizer)),
             "text_column": data.text_column,
             "description": "token ids, one row per text: the text, stripped of spaces at its ends, encoded "
             "by tokenizer (the JSON of Hugging Face tokenizers), cut to its first max_length ids and "
-            "padded with pad_id to the longest text of the batch; the model leaves the padding out",
+            "padded with pad_id to the longest text of the batch, then, if pad_id is not 0, ids pad_id "
+            "and 0 traded; the model takes id 0 for padding and leaves it out",
         }
     else:
         inputs |= {

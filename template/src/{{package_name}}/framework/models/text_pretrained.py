@@ -74,10 +74,10 @@ class PretrainedTextEncoder(nn.Module):
     """A pretrained transformer encoder, the mean of its last outputs over each text's tokens (the
     padding left out), and a new linear head.
 
-    It takes the token ids of ``framework/data/text.py``, ``[samples, tokens]`` padded with id 0
-    (the tokenizer's padding token, BERT's ``[PAD]``): the padding is masked out of the attention
-    and of the mean, as ``TextTransformer`` masks it. The encoder's own pooler, if it has one, is
-    left out.
+    It takes the token ids of ``framework/data/text.py``, ``[samples, tokens]`` padded with id 0:
+    the padding is masked out of the attention and of the mean, as ``TextTransformer`` masks it.
+    An encoder whose padding token has another id (RoBERTa's, 1), for which the data traded that
+    id with 0, gets its own ids back. The encoder's own pooler, if it has one, is left out.
 
     ``model.init_args.freeze_epochs`` and ``backbone_lr_scale`` fine-tune it: the head is
     ``head``, the encoder is the backbone.
@@ -121,6 +121,7 @@ class PretrainedTextEncoder(nn.Module):
         else:
             self.encoder = read_encoder(transformers, weights, encoder_config)
         self.encoder.train()  # from_pretrained leaves it in eval mode, its dropout off
+        self.padding_id = encoder_config.pad_token_id or 0
         if getattr(self.encoder, "pooler", None) is not None:
             self.encoder.pooler = None  # unused: its weights would get no gradient (DDP waits for them)
         self.dropout = nn.Dropout(dropout)
@@ -137,6 +138,8 @@ class PretrainedTextEncoder(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         kept = kept_tokens(ids)
+        if self.padding_id:
+            ids = torch.where(ids == 0, self.padding_id, torch.where(ids == self.padding_id, 0, ids))
         outputs = self.encoder(input_ids=ids, attention_mask=kept.long()).last_hidden_state
         return self.head(self.dropout(mean_over(outputs, kept)))
 
