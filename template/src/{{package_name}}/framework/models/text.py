@@ -26,6 +26,10 @@ class TextTransformer(nn.Module):
         layers: the encoder's layers.
         feedforward: the width of each layer's feed-forward part.
         dropout: dropout in the encoder and before the head.
+        embedding_dropout: dropout on the token and position embeddings, the encoder's input.
+        token_dropout: in training, each token of a text is left out with this probability (as
+            padding is), as if the text lacked that word: the network cannot lean on a few words
+            alone. A regularizer for a few thousand texts.
     """
 
     def __init__(
@@ -38,13 +42,19 @@ class TextTransformer(nn.Module):
         layers: int = 2,
         feedforward: int = 128,
         dropout: float = 0.1,
+        embedding_dropout: float = 0.0,
+        token_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         check_sizes(vocab_size, max_length, num_outputs)
         if d_model % heads:
             raise ConfigError(f"{KEY}.d_model={d_model} must be a multiple of heads={heads}")
+        if not 0 <= token_dropout < 1:
+            raise ConfigError(f"{KEY}.token_dropout={token_dropout} must be at least 0 and below 1")
+        self.token_dropout = token_dropout
         self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=0)
         self.positions = nn.Embedding(max_length, d_model)
+        self.embedding_dropout = nn.Dropout(embedding_dropout)
         layer = nn.TransformerEncoderLayer(
             d_model, heads, feedforward, dropout, activation="gelu", batch_first=True, norm_first=True
         )
@@ -55,9 +65,12 @@ class TextTransformer(nn.Module):
         self.head = nn.Linear(d_model, num_outputs)
 
     def forward(self, ids: Tensor) -> Tensor:
+        if self.training and self.token_dropout:
+            ids = ids.masked_fill(torch.rand(ids.shape, device=ids.device) < self.token_dropout, 0)
         kept = kept_tokens(ids)
         positions = torch.arange(ids.shape[1], device=ids.device)
-        x = self.encoder(self.tokens(ids) + self.positions(positions), src_key_padding_mask=~kept)
+        x = self.embedding_dropout(self.tokens(ids) + self.positions(positions))
+        x = self.encoder(x, src_key_padding_mask=~kept)
         return self.head(self.dropout(mean_over(self.norm(x), kept)))
 
 
