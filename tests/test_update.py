@@ -1,12 +1,12 @@
-"""`copier update` from every earlier release to the newest, on a project with real user edits.
+"""`copier update` from earlier releases to the newest, on a project with real user edits.
 
 The template's history is rebuilt in a temporary repository: each release listed in CHANGELOG.md
 as the tree of its commit, tagged. A working tree that differs from the newest release is the next
 release, committed on top and tagged with the version of CHANGELOG.md's unreleased section. A
-project is copied at each earlier release, edited as a user would, committed, and updated as the
-user updates, to the newest tag (`copier update --defaults --trust`). Another is trained at each
-earlier release before it is edited and updated, and the new code tests, predicts with, resumes
-and starts a new run from the checkpoints the old code wrote.
+project is copied at earlier releases (UPDATE_FROM), edited as a user would, committed, and
+updated as the user updates, to the newest tag (`copier update --defaults --trust`). Another is
+trained at earlier releases (TRAINED_AT) before it is edited and updated, and the new code tests,
+predicts with, resumes and starts a new run from the checkpoints the old code wrote.
 """
 
 import csv
@@ -79,6 +79,30 @@ UNRELEASED = [tag for tag, commit in releases() if not commit]
 CURRENT = not changed_since(RELEASED[-1][1])
 EARLIER = RELEASED[:-1] if CURRENT else RELEASED
 NEWEST = RELEASED[-1][0] if CURRENT else (UNRELEASED or ["(untagged)"])[0]
+
+
+def migration_spans(tags: list[str]) -> list[list[str]]:
+    """``tags`` grouped by the migrations an update from each runs: those of copier.yml's versions
+    after it. The releases of a span take the same steps to the newest; only what the three-way
+    merge merges differs."""
+    migrations = yaml.safe_load((ROOT / "copier.yml").read_text())["_migrations"]
+    versions = {version(migration["version"]) for migration in migrations}
+    spans: dict[int, list[str]] = {}
+    for tag in tags:
+        spans.setdefault(sum(after > version(tag) for after in versions), []).append(tag)
+    return list(spans.values())
+
+
+# The releases that first wrote each layout of checkpoint (``layout``), oldest first, as
+# UPDATE_FROM=all finds them (the old_run fixture fails on a release that wrote another).
+LAYOUTS = ["v0.1.0", "v0.2.0", "v0.3.0", "v0.13.0", "v0.16.0", "v0.17.0", "v0.19.0"]
+# The releases the update tests update from (UPDATE_FROM): by default the first and the last of
+# each span; and at which they train (TRAINED_AT): those of LAYOUTS and the newest earlier one,
+# which may have written a new layout. UPDATE_FROM=all: every earlier release, for both.
+UPDATE_FROM = TRAINED_AT = [tag for tag, _ in EARLIER]
+if os.environ.get("UPDATE_FROM", "spans") != "all":
+    UPDATE_FROM = [tag for span in migration_spans(UPDATE_FROM) for tag in dict.fromkeys((span[0], span[-1]))]
+    TRAINED_AT = [tag for tag in TRAINED_AT if tag in LAYOUTS or tag == TRAINED_AT[-1]]
 
 
 @pytest.fixture(scope="module")
@@ -367,9 +391,9 @@ class Updated(NamedTuple):
     moved: bool  # whether the release predates the move, so the update kept the user's classifier aside
 
 
-@pytest.fixture(scope="module", params=[tag for tag, _ in EARLIER])
+@pytest.fixture(scope="module", params=UPDATE_FROM)
 def updated(request, template_repo, tmp_path_factory) -> Updated:
-    """A project copied at each earlier release, edited, updated to the newest and resolved."""
+    """A project copied at each release of UPDATE_FROM, edited, updated to the newest and resolved."""
     project = copy_at(template_repo, request.param, tmp_path_factory.mktemp("updated") / "upgraded")
     expected = edit_like_a_user(project)
     update(project, unsafe=True)
@@ -492,7 +516,7 @@ def test_a_user_file_the_user_edited_keeps_exactly_the_users_version(updated):
         assert (updated.project / name).read_text() == git(updated.project, "show", f"{edits}:{name}"), name
 
 
-@pytest.mark.parametrize("release", [tag for tag, _ in EARLIER])
+@pytest.mark.parametrize("release", UPDATE_FROM)
 def test_a_user_file_the_user_never_edited_is_refreshed(template_repo, tmp_path, release):
     project = copy_at(template_repo, release, tmp_path / "upgraded")
     before = files(project)
@@ -649,10 +673,10 @@ HYPER_PARAMETERS = ("hyper_parameters", "datamodule_hyper_parameters")
 TESTED_LAYOUTS: dict[str, str] = {}
 
 
-@pytest.fixture(scope="module", params=[tag for tag, _ in EARLIER])
+@pytest.fixture(scope="module", params=TRAINED_AT)
 def old_run(request, template_repo, tmp_path_factory) -> OldRun:
-    """A project copied at each earlier release and trained there, with that release's code, then
-    edited as a user would, updated to the newest release, and its conflict resolved.
+    """A project copied at each release of TRAINED_AT and trained there, with that release's code,
+    then edited as a user would, updated to the newest release, and its conflict resolved.
 
     A release whose checkpoints hold exactly what an earlier release's do (``layout``) is skipped:
     the new code reads them as it reads that release's, which the tests below have shown.
@@ -674,6 +698,7 @@ def old_run(request, template_repo, tmp_path_factory) -> OldRun:
     held = json.dumps([layout(read_checkpoint(path)) for path in (best, run_dir / "last.ckpt")])
     if held in TESTED_LAYOUTS:
         pytest.skip(f"its checkpoints hold what {TESTED_LAYOUTS[held]}'s do")
+    assert request.param in LAYOUTS, f"{request.param} wrote a new layout of checkpoint: add it to LAYOUTS"
     TESTED_LAYOUTS[held] = request.param
     commit_all(project, "the record of our first run")
     edit_like_a_user(project)
