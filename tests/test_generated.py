@@ -1,11 +1,13 @@
 """Every answer combination gives a complete, clean project whose own tests pass."""
 
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tomllib
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 import yaml
@@ -296,6 +298,11 @@ def test_the_docs_say_what_each_part_covers():
     assert covered == [f"{key}:{part}" for key, part in PARTS]
 
 
+# PART_DURATIONS=DIR: each part writes its 15 slowest tests (pytest --durations) to DIR.
+DURATIONS_DIR = os.environ.get("PART_DURATIONS")
+DURATIONS = ["--durations=15"] if DURATIONS_DIR else []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("key", "part"), list(PARTS), ids=[f"{key}:{part}" for key, part in PARTS])
 def test_generated_project_tests_pass(generated, key, part, tmp_path):
@@ -303,7 +310,12 @@ def test_generated_project_tests_pass(generated, key, part, tmp_path):
     # project that the tests above inspect, whichever runs first.
     project = shutil.copytree(generated(key), tmp_path / "project")
     install(project)
-    for selection in PARTS[key, part]:
-        result = run_python(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--full", *selection)
+    for number, selection in enumerate(PARTS[key, part]):
+        args = ["-q", "-p", "no:cacheprovider", "--full", *DURATIONS, *selection]
+        result = run_python(project, "-m", "pytest", *args)
         assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
         assert re.search(r"\d+ passed", result.stdout)
+        if DURATIONS_DIR:  # where the part's time goes, for CI's length: its slowest tests
+            slowest = result.stdout[result.stdout.find("slowest") :].split("\n=")[0]
+            name = re.sub(r"[^\w+=,.-]+", "_", f"{key}:{part}:{number}")
+            (Path(DURATIONS_DIR) / f"{name}.txt").write_text(slowest)
