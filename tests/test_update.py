@@ -552,9 +552,9 @@ USER_MODEL_TEST_FILES = ("smoke", "training", "config", "images", "export", "lin
 @pytest.mark.slow
 @pytest.mark.xdist_group("update-suite")  # needs none of the module's trained projects
 def test_updated_project_passes_its_tests_and_trains_the_user_model(template_repo, tmp_path):
-    # An update from each release gives the same files (see above), and those equal a fresh copy's
-    # but for the user's edits, whose own suite test_generated.py runs: here the fast tests that
-    # build, train, evaluate, export and lint the user's networks, on one update.
+    # An update from each release of UPDATE_FROM gives the same files (see above), and those equal
+    # a fresh copy's but for the user's edits, whose own suite test_generated.py runs: here the
+    # fast tests that build, train, evaluate, export and lint the user's networks, on one update.
     project = copy_at(template_repo, EARLIER[-1][0], tmp_path / "upgraded")
     edit_like_a_user(project)
     update(project, unsafe=True)
@@ -621,7 +621,7 @@ def test_updated_project_passes_its_tests_and_trains_the_user_model(template_rep
     assert not torch.equal(start["network.model.conv1.0.weight"], end["network.model.conv1.0.weight"])
 
 
-# The run trained at each earlier release, as its smoke config sets it (also spelled out here):
+# The run trained at each release of TRAINED_AT, as its smoke config sets it (also spelled out here):
 # 64 samples of each split in batches of 16, so 4 training steps an epoch.
 OLD_RUN = "first"
 SUBSET, BATCH_SIZE, OLD_EPOCHS = 64, 16, 2
